@@ -1,0 +1,24 @@
+"""Scheduling policies, registered by CLI name. Adding one = one file + one line here."""
+
+from __future__ import annotations
+
+from policies.aging import Aging
+from policies.base import Policy, SchedulerView
+from policies.countdown import Countdown
+from policies.fcfs import FCFS
+
+POLICIES: dict[str, type[Policy]] = {
+    "fcfs": FCFS,
+    "countdown": Countdown,
+    "aging": Aging,
+}
+
+
+def make_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r} (choose from {', '.join(POLICIES)})") from None
+
+
+__all__ = ["POLICIES", "Policy", "SchedulerView", "make_policy"]

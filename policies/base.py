@@ -1,0 +1,47 @@
+"""The policy interface: how resident requests compete for decode slots (and, optionally, admission).
+
+A policy turns the scheduler's view of some requests into sort keys; lower keys are served first.
+The engine breaks ties by row order, and rows are numbered in (arrival time, request id) order, so
+every ordering is total and runs replay byte for byte. Returning ``None`` means "row order" (FCFS),
+which lets the engine skip sorting altogether.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+
+@dataclass
+class SchedulerView:
+    """Read-only request state the policy may use. Arrays are indexed by row; never the true length."""
+
+    now: float
+    arrival_s: np.ndarray      # float64, scheduled arrival
+    predicted: np.ndarray      # float64, current estimate of total length (or rank score)
+    generated: np.ndarray      # int64, output tokens emitted so far
+    output_kind: str           # "length" or "rank"
+    waiting: int               # requests arrived but not admitted
+    decode_slots: int
+
+
+class Policy(ABC):
+    """One scheduling policy. Subclasses live one per file and register in ``policies/__init__``."""
+
+    name: ClassVar[str]
+    uses_predictions: ClassVar[bool] = True
+    rescore_interval_s: ClassVar[float | None] = None  # keys change with time alone (aging)
+
+    @abstractmethod
+    def decode_keys(self, view: SchedulerView, rows: np.ndarray) -> np.ndarray | None:
+        """Keys for resident ``rows`` competing for decode slots; None = row order."""
+
+    def admission_keys(self, view: SchedulerView, rows: np.ndarray) -> np.ndarray | None:
+        """Keys for waiting ``rows`` (only asked when the predictor scores before prefill)."""
+        return None
+
+    def describe(self) -> dict:
+        return {"name": self.name}

@@ -1,0 +1,135 @@
+"""The predictor interface: what the simulator asks of a length predictor.
+
+A predictor is bound to one run's workload (a trace whose rows are the run's requests, in arrival
+order) and answers for *rows* of that workload. Lengths are in output tokens; a rank predictor
+(``output = "rank"``) returns a score where lower means "serve first" instead.
+
+Timing is the engine's business, but the predictor declares what it needs:
+- ``stage = "arrival"``: it scores from the prompt alone (text encoders), so it may order admission;
+- ``stage = "prefill"``: it needs the serving model's hidden state, so its estimate exists only
+  once the request's prefill reaches the tapped layer;
+- ``refresh_every``: re-estimate every k generated tokens during decode (TRAIL);
+- :meth:`feedback`: the true length of each finished request, for online learning; the returned
+  :class:`PendingUpdate` runs on a separate CPU worker and is published only when it completes;
+- :class:`PredictorCost`: GPU seconds charged to engine steps and CPU seconds that delay readiness.
+  Costs are model figures (deterministic), not wall-clock measurements, so runs replay exactly.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Literal
+
+import numpy as np
+
+from simulator.trace import Trace
+
+
+@dataclass(frozen=True)
+class PredictorCost:
+    """Deterministic cost figures of one predictor on the serving system."""
+
+    gpu_s_per_call: float = 0.0          # launch overhead of one batched call on the serving GPU
+    gpu_s_per_request: float = 0.0       # per request scored on the GPU
+    gpu_s_per_prompt_token: float = 0.0  # per prompt token encoded on the GPU
+    gpu_s_per_refresh: float = 0.0       # per request re-estimated during decode
+    cpu_s_per_prediction: float = 0.0    # CPU time before an estimate is ready (async, off the GPU)
+    tap_fraction: float = 1.0            # share of a prefill step done when the tapped layer is reached
+
+    def __post_init__(self) -> None:
+        for name, value in self.__dict__.items():
+            if not np.isfinite(value) or value < 0:
+                raise ValueError(f"PredictorCost.{name} must be finite and >= 0, got {value}")
+        if self.tap_fraction > 1:
+            raise ValueError("PredictorCost.tap_fraction must be in [0, 1]")
+
+    def gpu_s(self, requests: int, prompt_tokens: int) -> float:
+        """GPU seconds to score ``requests`` prompts with ``prompt_tokens`` tokens in one call."""
+        if requests == 0:
+            return 0.0
+        return (self.gpu_s_per_call + self.gpu_s_per_request * requests
+                + self.gpu_s_per_prompt_token * prompt_tokens)
+
+    @property
+    def charges_gpu(self) -> bool:
+        return (self.gpu_s_per_call + self.gpu_s_per_request + self.gpu_s_per_prompt_token
+                + self.gpu_s_per_refresh) > 0
+
+
+FREE = PredictorCost()
+
+
+@dataclass
+class PendingUpdate:
+    """Online-learning work handed to the CPU worker; ``publish`` makes its result visible."""
+
+    cpu_s: float
+    publish: Callable[[], None]
+    requests: int = 0
+
+
+@dataclass(frozen=True)
+class PredictorOptions:
+    """Everything a predictor may be built from; the CLI maps its flags onto this."""
+
+    train_trace: str | None = "lmsys"
+    noise_mae: float = 0.0
+    seed: int = 0
+    charge_cost: bool = True
+    refresh: bool | None = None          # decode-time refresh where the method supports it
+    update_every: int = 8                # online feedback batch (LEAP+RLS)
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not np.isfinite(self.noise_mae) or self.noise_mae < 0:
+            raise ValueError(f"noise MAE must be a finite number >= 0, got {self.noise_mae}")
+        if self.update_every < 1:
+            raise ValueError(f"update batch must be >= 1, got {self.update_every}")
+
+
+class Predictor(ABC):
+    """One length predictor. Subclasses live one per file and register in ``predictors/__init__``."""
+
+    name: ClassVar[str]
+    output: ClassVar[Literal["length", "rank"]] = "length"
+    stage: ClassVar[Literal["arrival", "prefill"]] = "prefill"
+    requires: ClassVar[tuple[str, ...]] = ()   # trace columns the predictor reads
+    refresh_every: int | None = None
+
+    @classmethod
+    def from_options(cls, options: PredictorOptions) -> "Predictor":
+        return cls()
+
+    def bind(self, workload: Trace, rng: np.random.Generator) -> None:
+        """Attach the run's requests (row i = request i of the run). Called once per run."""
+        missing = [c for c in self.requires if not workload.has_feature(c)]
+        if missing:
+            from simulator.trace import TraceError
+            raise TraceError(f"predictor {self.name!r} needs trace column(s) {', '.join(missing)}, "
+                             f"which trace {workload.name!r} does not have")
+        self.workload = workload
+
+    @abstractmethod
+    def predict(self, rows: np.ndarray) -> np.ndarray:
+        """Estimates for ``rows`` from the currently published state (float64 array)."""
+
+    def refresh(self, rows: np.ndarray, generated: np.ndarray) -> np.ndarray:
+        """Re-estimated *total* lengths after ``generated`` tokens (only if ``refresh_every``)."""
+        raise NotImplementedError(f"predictor {self.name!r} does not refresh")
+
+    def feedback(self, rows: np.ndarray, output_tokens: np.ndarray) -> PendingUpdate | None:
+        """True lengths of finished requests; return work for the CPU worker, or None."""
+        return None
+
+    def cost(self) -> PredictorCost:
+        return FREE
+
+    @property
+    def prior_length(self) -> float:
+        """The estimate used before a request's own prediction is ready (uninformed: half the cap)."""
+        return float(self.workload.output_cap) / 2.0
+
+    def describe(self) -> dict:
+        """Settings worth recording in a run's config.json."""
+        return {"name": self.name}

@@ -1,0 +1,23 @@
+"""The oracle: the true output length. An explicit upper-bound baseline, never a default."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from predictors.base import Predictor
+
+
+class Oracle(Predictor):
+    name = "oracle"
+    stage = "arrival"
+
+    def bind(self, workload, rng):
+        super().bind(workload, rng)
+        self._truth = workload.output_tokens.astype(np.float64)
+
+    def predict(self, rows):
+        return self._truth[rows]
+
+    @property
+    def prior_length(self) -> float:
+        return float(np.mean(self._truth))

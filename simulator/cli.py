@@ -1,0 +1,230 @@
+"""``simulate``: replay a trace under a length-aware scheduler and report latency.
+
+Examples::
+
+    simulate --load 1.5x --predictor leap-rls
+    simulate --trace sharegpt --policy fcfs,countdown --predictor oracle --load 1x,1.5x --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+from policies import POLICIES
+from predictors import PREDICTORS
+from predictors.base import PredictorOptions
+from simulator.engine import EngineConfig
+from simulator.io import atomic_write_json, atomic_write_parquet
+from simulator.metrics import requests_table
+from simulator.profiles import DEFAULT_PROFILE, PROFILES
+from simulator.runner import NO_PREDICTOR, RunConfig, execute, prepare
+from simulator.trace import TraceError, bundled_trace_names, load_trace
+from simulator.workload import ArrivalSpec, parse_load
+
+PROG = "simulate"
+DEFAULT_TRACES = ("sharegpt", "sharegpt-lengths")
+DEFAULT_PREDICTOR = "leap-rls"
+
+
+class UsageError(Exception):
+    """Bad command-line input: one line on stderr, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one clear line instead of usage + error
+        raise UsageError(message)
+
+
+def _split(text: str) -> list[str]:
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise UsageError(f"empty list {text!r}")
+    return items
+
+
+def _int(name: str, minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    parse.__name__ = name
+    return parse
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value != value or value < 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Replay a recorded LLM serving trace under a length-aware scheduler.")
+    p.add_argument("--trace", help="bundled trace name or path to a trace .parquet "
+                   f"(default: {DEFAULT_TRACES[0]}, else {DEFAULT_TRACES[1]})")
+    p.add_argument("--predictor", help=f"comma list of {', '.join([*PREDICTORS, NO_PREDICTOR])} "
+                   f"(default: {DEFAULT_PREDICTOR} when the trace has hidden-state features, else oracle)")
+    p.add_argument("--policy", help=f"comma list of {', '.join(POLICIES)} (default: countdown, or fcfs "
+                   "with --predictor none)")
+    p.add_argument("--engine", default=DEFAULT_PROFILE, help=f"step-time profile: {', '.join(PROFILES)}")
+    p.add_argument("--load", default="1x", help="comma list of multiples of FCFS capacity, e.g. 0.5x,1x,1.5x")
+    p.add_argument("--arrivals", default="poisson", help="poisson | trace | FILE.csv of timestamps "
+                   "(rescaled to the load's mean rate)")
+    p.add_argument("--requests", type=_int("requests", 1), help="use the first N requests of the trace")
+    p.add_argument("--seed", type=_int("seed", 0), default=0)
+    p.add_argument("--max-resident", type=_int("max-resident", 1), default=512)
+    p.add_argument("--decode-slots", type=_int("decode-slots", 1), default=64)
+    p.add_argument("--prefill-budget", type=_int("prefill-budget", 1), default=8192,
+                   help="prompt tokens prefilled per step")
+    p.add_argument("--kv-budget", type=_int("kv-budget", 1), default=None,
+                   help="optional KV-token admission limit (off by default)")
+    p.add_argument("--wait-cap", type=_int("wait-cap", 0), default=128,
+                   help="force a resident request after this many steps without a decode (0 = off)")
+    p.add_argument("--noise-mae", type=_float, default=0.0, help="noisy-oracle mean absolute error (tokens)")
+    p.add_argument("--train-trace", default="lmsys", help="training trace for learned predictors")
+    p.add_argument("--predictor-cost", choices=("charged", "none"), default="charged",
+                   help="charge predictor GPU/CPU time to the engine, or not (paper's Table 4)")
+    p.add_argument("--out", type=Path, help="write requests.parquet, summary.json, config.json here")
+    p.add_argument("--json", action="store_true", help="print each run's summary as one JSON line")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _configs(args) -> list[RunConfig]:
+    trace_name = args.trace
+    if trace_name is None:
+        names = bundled_trace_names()
+        trace_name = next((t for t in DEFAULT_TRACES if t in names), None)
+        if trace_name is None:
+            raise UsageError(f"no bundled default trace ({' or '.join(DEFAULT_TRACES)}) in traces/; pass --trace")
+    if args.predictor is None:
+        trace = load_trace(trace_name)
+        predictors = [DEFAULT_PREDICTOR if trace.has_feature("feat_last") and DEFAULT_PREDICTOR in PREDICTORS
+                      else "oracle"]
+    else:
+        predictors = _split(args.predictor)
+    for name in predictors:
+        if name != NO_PREDICTOR and name not in PREDICTORS:
+            raise UsageError(f"unknown predictor {name!r} (choose from {', '.join([*PREDICTORS, NO_PREDICTOR])})")
+    if args.policy is None:
+        policies = ["fcfs"] if predictors == [NO_PREDICTOR] else ["countdown"]
+    else:
+        policies = _split(args.policy)
+    for name in policies:
+        if name not in POLICIES:
+            raise UsageError(f"unknown policy {name!r} (choose from {', '.join(POLICIES)})")
+    if args.engine not in PROFILES:
+        raise UsageError(f"unknown engine profile {args.engine!r} (choose from {', '.join(PROFILES)})")
+    try:
+        loads = [parse_load(x) for x in _split(args.load)]
+        arrivals = ArrivalSpec.parse(args.arrivals)
+        engine_config = EngineConfig(max_resident=args.max_resident, decode_slots=args.decode_slots,
+                                     prefill_token_budget=args.prefill_budget, kv_token_budget=args.kv_budget,
+                                     wait_cap=args.wait_cap)
+        options = PredictorOptions(train_trace=args.train_trace, noise_mae=args.noise_mae, seed=args.seed,
+                                   charge_cost=args.predictor_cost == "charged")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    configs = []
+    for load, predictor, policy in itertools.product(loads, predictors, policies):
+        if predictor == NO_PREDICTOR and POLICIES[policy].uses_predictions:
+            raise UsageError(f"policy {policy!r} needs a predictor; use --predictor or --policy fcfs")
+        configs.append(RunConfig(trace=trace_name, predictor=predictor, policy=policy, engine=args.engine,
+                                 load=load, arrivals=arrivals, requests=args.requests, seed=args.seed,
+                                 engine_config=engine_config, predictor_options=options,
+                                 charge_cost=args.predictor_cost == "charged"))
+    return configs
+
+
+def _slug(config: RunConfig) -> str:
+    return f"{config.predictor}-{config.policy}-{config.load:g}x-seed{config.seed}"
+
+
+def _write_outputs(out: Path, summary: dict, result, resolved: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_parquet(out / "requests.parquet", requests_table(result))
+    atomic_write_json(out / "config.json", resolved)
+    atomic_write_json(out / "summary.json", summary)
+
+
+def _print_table(summaries: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def fmt(value, digits=3):
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:.{digits}f}"
+        return str(value)
+
+    first = summaries[0]
+    table = Table(title=f"trace {first['trace']} | engine {first['engine']} | "
+                        f"capacity {first['capacity_req_s']:.3f} req/s | {first['arrived']} requests")
+    columns = [("predictor", "predictor"), ("policy", "policy"), ("load", "load"),
+               ("mean PTL s", "mean_ptl_s"), ("mean e2e s", "mean_e2e_s"), ("p50 e2e", "p50_e2e_s"),
+               ("p95 e2e", "p95_e2e_s"), ("p99 e2e", "p99_e2e_s"), ("mean TTFT", "mean_ttft_s"),
+               ("long p95", "long_decile_p95_e2e_s"), ("tok/s", "throughput_tok_s"),
+               ("Spearman", "spearman"), ("Kendall", "kendall_tau"), ("sim CPU s", "sim_cpu_s")]
+    for header, _ in columns:
+        table.add_column(header, justify="right" if header not in ("predictor", "policy") else "left")
+    for s in summaries:
+        table.add_row(*[fmt(s.get(key), 1 if key == "throughput_tok_s" else 3) if key != "load"
+                        else f"{s['load']:g}x" for _, key in columns])
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    console.print(table)
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configs = _configs(args)
+    prepared = [prepare(config) for config in configs]  # every input checked before any output
+    summaries = []
+    show_progress = not args.quiet and not args.json and sys.stderr.isatty()
+    for config, run_ in zip(configs, prepared):
+        if show_progress:
+            from rich.progress import Progress
+            with Progress(transient=True) as bar:
+                task = bar.add_task(f"{config.predictor}/{config.policy} @ {config.load:g}x", total=None)
+                run_.simulation.progress = lambda done, total: bar.update(task, completed=done, total=total)
+                summary, result = execute(run_)
+        else:
+            summary, result = execute(run_)
+        if args.out is not None:
+            target = args.out if len(configs) == 1 else args.out / _slug(config)
+            _write_outputs(target, summary, result, run_.resolved)
+        if args.json:
+            print(json.dumps(summary, sort_keys=True), flush=True)
+        summaries.append(summary)
+    if not args.json:
+        _print_table(summaries)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except (TraceError, ValueError, OSError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

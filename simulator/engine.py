@@ -1,0 +1,368 @@
+"""The engine: a SimPy discrete-event replay of one vLLM-like serving engine.
+
+One SimPy process runs the step loop, one timeout per engine step; a second process is the CPU
+worker that runs predictor updates (LEAP+RLS) off the critical path. Request state lives in
+numpy arrays indexed by *row*; rows are numbered in (arrival time, request id) order, which makes
+"row order" the FCFS order and the final tie-break of every sort. Semantics:
+``../shared/spec/simulator.md``.
+
+A step = prefill of the requests admitted this step (their first output token) + one decode token
+for up to ``decode_slots`` resident requests: first those forced by the wait cap, then the
+policy's ranking. The true output length is read only to decide completion.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+import simpy
+
+from policies.base import Policy, SchedulerView
+from predictors.base import PendingUpdate, Predictor
+from simulator.profiles.base import EngineProfile
+from simulator.trace import Trace
+
+NOT_YET = np.nan
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine limits (defaults: the paper's vLLM setup)."""
+
+    max_resident: int = 512
+    decode_slots: int = 64
+    prefill_token_budget: int = 8192
+    kv_token_budget: int | None = None   # optional second admission limit, off by default
+    wait_cap: int = 128                  # steps without a decode before a request is forced; 0 = off
+
+    def __post_init__(self) -> None:
+        for name in ("max_resident", "decode_slots", "prefill_token_budget"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if not isinstance(self.wait_cap, (int, np.integer)) or self.wait_cap < 0:
+            raise ValueError(f"wait-cap must be an integer >= 0, got {self.wait_cap!r}")
+        if self.kv_token_budget is not None and (
+            not isinstance(self.kv_token_budget, (int, np.integer)) or self.kv_token_budget < 1
+        ):
+            raise ValueError(f"kv-budget must be a positive integer, got {self.kv_token_budget!r}")
+
+
+@dataclass
+class StepLog:
+    """Per-step records, kept only when asked (invariant tests, debugging)."""
+
+    start_s: list = field(default_factory=list)
+    duration_s: list = field(default_factory=list)
+    admitted: list = field(default_factory=list)      # requests prefilled this step
+    decoded: list = field(default_factory=list)       # decode slots used
+    forced: list = field(default_factory=list)        # of which forced by the wait cap
+    ready: list = field(default_factory=list)         # resident requests able to decode at step start
+    resident: list = field(default_factory=list)      # resident during the step (incl. prefilling)
+    waiting: list = field(default_factory=list)       # arrived, not admitted, after admission
+    arrived: list = field(default_factory=list)       # arrived by step start
+    finished: list = field(default_factory=list)      # finished by step end
+    capacity_left: list = field(default_factory=list) # free resident places after admission
+    predicted_decoded: list = field(default_factory=list)  # rows decoded (only with keep_rows)
+
+    def as_arrays(self) -> dict[str, np.ndarray]:
+        return {k: np.asarray(v) for k, v in asdict(self).items() if k != "predicted_decoded"}
+
+
+@dataclass
+class RunResult:
+    """Everything a run produced; per-request arrays are in row order."""
+
+    workload: Trace
+    rows_request_id: np.ndarray
+    arrival_s: np.ndarray
+    admit_s: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    predicted_tokens: np.ndarray      # first estimate (nan for no predictor)
+    predicted_ready_s: np.ndarray     # when that estimate became usable
+    forced_steps: np.ndarray
+    steps: int
+    gpu_s_charged: float
+    predictor_cpu_s: float
+    updates_published: int
+    sim_cpu_s: float
+    step_log: StepLog | None = None
+
+    @property
+    def makespan_s(self) -> float:
+        return float(np.nanmax(self.finish_s)) if len(self.finish_s) else 0.0
+
+
+class Simulation:
+    """One run: a workload with arrival times, a policy, a predictor, an engine profile."""
+
+    def __init__(self, workload: Trace, arrival_s: np.ndarray, *, policy: Policy, predictor: Predictor | None,
+                 profile: EngineProfile, config: EngineConfig = EngineConfig(), seed: int = 0,
+                 charge_cost: bool = True, record_steps: bool = False,
+                 progress: Callable[[int, int], None] | None = None):
+        arrival_s = np.asarray(arrival_s, dtype=np.float64)
+        if arrival_s.shape != (len(workload),):
+            raise ValueError(f"need one arrival time per request ({len(workload)}), got {arrival_s.shape}")
+        if not np.isfinite(arrival_s).all() or (arrival_s < 0).any():
+            raise ValueError("arrival times must be finite and >= 0")
+        if policy.uses_predictions and predictor is None:
+            raise ValueError(f"policy {policy.name!r} needs a predictor")
+        order = np.lexsort((workload.request_id.astype(str), arrival_s))
+        self.workload = workload.take(order) if not np.array_equal(order, np.arange(len(order))) else workload
+        self.arrival = arrival_s[order]
+        self.policy, self.predictor, self.profile, self.config = policy, predictor, profile, config
+        self.seed, self.charge_cost, self.record_steps, self.progress = seed, charge_cost, record_steps, progress
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> RunResult:
+        wl, cfg = self.workload, self.config
+        n = len(wl)
+        self.prompt = wl.prompt_tokens.astype(np.int64)
+        self.prompt_sq = self.prompt * self.prompt
+        self.length = wl.output_tokens.astype(np.int64)        # completion only; never shown to policies
+        self.generated = np.zeros(n, dtype=np.int64)
+        self.predicted = np.zeros(n, dtype=np.float64)
+        self.first_predicted = np.full(n, NOT_YET)
+        self.ready_s = np.full(n, NOT_YET)
+        self.admit_s = np.full(n, NOT_YET)
+        self.first_token_s = np.full(n, NOT_YET)
+        self.finish_s = np.full(n, NOT_YET)
+        self.last_served = np.zeros(n, dtype=np.int64)
+        self.forced_steps = np.zeros(n, dtype=np.int64)
+        self.admitted = np.zeros(n, dtype=bool)
+        self.resident = np.empty(0, dtype=np.int64)
+        self.finished = 0
+        self.step = 0
+        self.gpu_s = 0.0
+        self.gpu_debt = 0.0
+        self.cpu_s = 0.0
+        self.updates = 0
+        self.kv_used = 0
+        self.log = StepLog() if self.record_steps else None
+
+        pred = self.predictor
+        self.cost = pred.cost() if pred is not None else None
+        if pred is not None:
+            pred.bind(wl, np.random.default_rng(self.seed))
+            self.predicted[:] = pred.prior_length
+        self.arrival_scoring = pred is not None and pred.stage == "arrival"
+        self.ordered_admission = self.arrival_scoring and self.policy.uses_predictions
+        self.scored = 0  # rows [0, scored) have arrival-stage scores
+        self.view = SchedulerView(now=0.0, arrival_s=self.arrival, predicted=self.predicted,
+                                  generated=self.generated,
+                                  output_kind=pred.output if pred is not None else "length",
+                                  waiting=0, decode_slots=cfg.decode_slots)
+
+        self.env = simpy.Environment()
+        self.updates_store = simpy.Store(self.env)
+        self.env.process(self._cpu_worker())
+        self.env.process(self._step_loop())
+        started = time.process_time()
+        self.env.run()
+        sim_cpu_s = time.process_time() - started
+        if self.finished != n:
+            raise RuntimeError(f"simulation ended with {n - self.finished} unfinished requests")
+        return RunResult(
+            workload=wl, rows_request_id=wl.request_id, arrival_s=self.arrival, admit_s=self.admit_s,
+            first_token_s=self.first_token_s, finish_s=self.finish_s, prompt_tokens=self.prompt,
+            output_tokens=self.length, predicted_tokens=self.first_predicted, predicted_ready_s=self.ready_s,
+            forced_steps=self.forced_steps, steps=self.step, gpu_s_charged=self.gpu_s,
+            predictor_cpu_s=self.cpu_s, updates_published=self.updates, sim_cpu_s=sim_cpu_s,
+            step_log=self.log)
+
+    # ------------------------------------------------------------------ predictor plumbing
+    def _set_predictions(self, rows: np.ndarray, values: np.ndarray, now: float) -> None:
+        self.predicted[rows] = values
+        fresh = rows[np.isnan(self.first_predicted[rows])]
+        if len(fresh):
+            self.first_predicted[fresh] = self.predicted[fresh]
+            self.ready_s[fresh] = now
+
+    def _score_arrivals(self, arrived: int) -> None:
+        """Arrival-stage predictors score new arrivals before the step; the GPU pays next step."""
+        rows = np.arange(self.scored, arrived)
+        self.scored = arrived
+        self._set_predictions(rows, self.predictor.predict(rows), self.env.now)
+        if self.charge_cost:
+            self.gpu_debt += self.cost.gpu_s(len(rows), int(self.prompt[rows].sum()))
+
+    def _predict_after_prefill(self, rows: np.ndarray, start: float, duration: float) -> None:
+        """Hidden-state predictors: the feature exists once prefill reaches the tapped layer."""
+        cpu = self.cost.cpu_s_per_prediction if self.charge_cost else 0.0
+        self.cpu_s += cpu * len(rows)
+        ready = start + self.cost.tap_fraction * duration + cpu
+        end = start + duration
+        if ready <= end:
+            self._set_predictions(rows, self.predictor.predict(rows), end)
+            return
+        event = self.env.timeout(ready - end)
+        event.callbacks.append(lambda _e, rows=rows: self._set_predictions(
+            rows, self.predictor.predict(rows), self.env.now))
+
+    def _cpu_worker(self):
+        """Runs online-learning updates one after another; publishes each when it completes."""
+        while True:
+            update: PendingUpdate = yield self.updates_store.get()
+            cpu = update.cpu_s if self.charge_cost else 0.0
+            self.cpu_s += cpu
+            if cpu > 0:
+                yield self.env.timeout(cpu)
+            update.publish()
+            self.updates += 1
+            rescored = self.resident[~np.isnan(self.ready_s[self.resident])]
+            if len(rescored):
+                self._set_predictions(rescored, self.predictor.predict(rescored), self.env.now)
+
+    # ------------------------------------------------------------------ the step loop
+    def _admit(self, arrived: int) -> np.ndarray:
+        cfg = self.config
+        room = cfg.max_resident - len(self.resident)
+        lo = self._admit_ptr
+        if room <= 0 or lo >= arrived:
+            return np.empty(0, dtype=np.int64)
+        if self.ordered_admission:
+            cand = lo + np.flatnonzero(~self.admitted[lo:arrived])
+            keys = self.policy.admission_keys(self.view, cand)
+            if keys is not None:
+                cand = cand[np.argsort(keys, kind="stable")]
+        else:
+            cand = np.arange(lo, min(arrived, lo + room))
+        cand = cand[:room]
+        tokens = np.cumsum(self.prompt[cand])
+        # strict order: stop at the first request that does not fit; an over-long prompt goes alone
+        take = max(int(np.searchsorted(tokens, cfg.prefill_token_budget, side="right")), 1)
+        if cfg.kv_token_budget is not None:
+            fits = int(np.searchsorted(tokens, cfg.kv_token_budget - self.kv_used, side="right"))
+            take = min(take, fits if fits or len(self.resident) else 1)  # an empty engine admits one
+        rows = cand[:take]
+        if len(rows):
+            self.admitted[rows] = True
+            self.n_admitted += len(rows)
+            while self._admit_ptr < arrived and self.admitted[self._admit_ptr]:
+                self._admit_ptr += 1
+        return rows
+
+    def _choose_decodes(self, ready: np.ndarray) -> tuple[np.ndarray, int]:
+        slots = self.config.decode_slots
+        if len(ready) <= slots:
+            return ready, 0
+        cap = self.config.wait_cap
+        if cap:
+            starving = (self.step - self.last_served[ready]) > cap
+            n_forced = int(starving.sum())
+        else:
+            n_forced = 0
+        if n_forced:
+            forced = ready[starving]
+            if n_forced >= slots:
+                forced = forced[np.argsort(self.last_served[forced], kind="stable")[:slots]]
+                return forced, slots
+            rest = ready[~starving]
+            picked = self._rank(rest, slots - n_forced)
+            return np.concatenate([forced, picked]), n_forced
+        return self._rank(ready, slots), 0
+
+    def _rank(self, rows: np.ndarray, k: int) -> np.ndarray:
+        keys = self.policy.decode_keys(self.view, rows)
+        if keys is None:
+            return rows[:k]
+        return rows[np.argsort(keys, kind="stable")[:k]]
+
+    def _step_loop(self):
+        env, cfg, n = self.env, self.config, len(self.workload)
+        self._admit_ptr = 0
+        self.n_admitted = 0
+        arrival, prompt, prompt_sq = self.arrival, self.prompt, self.prompt_sq
+        generated, length, last_served = self.generated, self.length, self.last_served
+        pred, profile, log = self.predictor, self.profile, self.log
+        prefill_predictor = pred is not None and pred.stage == "prefill"
+        refresh_every = pred.refresh_every if pred is not None else None
+        while self.finished < n:
+            now = env.now
+            arrived = int(np.searchsorted(arrival, now, side="right"))
+            if len(self.resident) == 0 and self._admit_ptr >= arrived:
+                yield env.timeout(arrival[arrived] - now)   # idle only when nothing is waiting
+                continue
+            if self.arrival_scoring and self.scored < arrived:
+                self._score_arrivals(arrived)
+            view = self.view
+            view.now = now
+            view.waiting = arrived - self.n_admitted
+            ready = self.resident
+            admit = self._admit(arrived)
+            chosen, n_forced = self._choose_decodes(ready)
+
+            prefill_tokens = int(prompt[admit].sum()) if len(admit) else 0
+            prefill_sq = int(prompt_sq[admit].sum()) if len(admit) else 0
+            context = int(prompt[chosen].sum() + generated[chosen].sum())
+            duration = profile.step_time(prefill_tokens, prefill_sq, len(chosen), context)
+            charge = self.gpu_debt
+            self.gpu_debt = 0.0
+            if prefill_predictor and self.charge_cost and len(admit):
+                charge += self.cost.gpu_s(len(admit), prefill_tokens)
+            duration += charge
+            self.gpu_s += charge
+            if log is not None:
+                log.start_s.append(now)
+                log.duration_s.append(duration)
+                log.admitted.append(len(admit))
+                log.decoded.append(len(chosen))
+                log.forced.append(n_forced)
+                log.ready.append(len(ready))
+                log.resident.append(len(ready) + len(admit))
+                log.arrived.append(arrived)
+                log.capacity_left.append(cfg.max_resident - len(ready) - len(admit))
+                log.waiting.append(view.waiting - len(admit))
+            yield env.timeout(duration)
+            end = env.now
+
+            # decode tokens and first tokens land at the end of the step
+            generated[chosen] += 1
+            last_served[chosen] = self.step
+            self.forced_steps[chosen[:n_forced]] += 1
+            self.kv_used += len(chosen)
+            done = chosen[generated[chosen] >= length[chosen]]
+            if len(admit):
+                self.admit_s[admit] = now
+                self.first_token_s[admit] = end
+                generated[admit] = 1
+                last_served[admit] = self.step
+                self.kv_used += prefill_tokens + len(admit)
+                if prefill_predictor:
+                    self._predict_after_prefill(admit, now, duration)
+                one_token = admit[length[admit] <= 1]
+                if len(one_token):
+                    done = np.concatenate([done, one_token])
+            if refresh_every:
+                due = chosen[(generated[chosen] % refresh_every == 0) & (generated[chosen] < length[chosen])]
+                if len(due):
+                    self._set_predictions(due, pred.refresh(due, generated[due]), end)
+                    if self.charge_cost:
+                        self.gpu_debt += self.cost.gpu_s_per_refresh * len(due)
+            resident = self.resident
+            if len(done):
+                self.finish_s[done] = end
+                self.finished += len(done)
+                self.kv_used -= int(prompt[done].sum() + length[done].sum())
+                keep = np.isnan(self.finish_s[resident])
+                resident = resident[keep]
+            if len(admit):
+                resident = np.concatenate([resident, admit[np.isnan(self.finish_s[admit])]])
+                if self.ordered_admission:
+                    resident.sort(kind="stable")
+            self.resident = resident
+            if log is not None:
+                log.finished.append(self.finished)
+            if len(done) and pred is not None:
+                update = pred.feedback(done, length[done])
+                if update is not None:
+                    self.updates_store.put(update)
+            self.step += 1
+            if self.progress is not None and (self.step & 1023) == 0:
+                self.progress(self.finished, n)

@@ -1,0 +1,114 @@
+"""Per-request metrics of a run and its one-line summary (the JSON object ``--json`` prints)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+
+from simulator.engine import RunResult
+
+LONG_REQUEST_TOKENS = 1024
+
+REQUEST_COLUMNS = ("request_id", "arrival_s", "admit_s", "first_token_s", "finish_s", "output_tokens",
+                   "prompt_tokens", "predicted_tokens", "forced_steps")
+
+
+def _num(value) -> float | None:
+    """JSON-safe float: NaN/inf become null."""
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _pct(values: np.ndarray, q: float) -> float | None:
+    return _num(np.percentile(values, q)) if len(values) else None
+
+
+def _mean(values: np.ndarray) -> float | None:
+    return _num(values.mean()) if len(values) else None
+
+
+def requests_table(result: RunResult) -> pa.Table:
+    """Per-request outcomes in row order ((arrival, id) order): deterministic bytes for one seed."""
+    return pa.table({
+        "request_id": pa.array(result.rows_request_id.astype(str).tolist(), pa.string()),
+        "arrival_s": pa.array(result.arrival_s, pa.float64()),
+        "admit_s": pa.array(result.admit_s, pa.float64()),
+        "first_token_s": pa.array(result.first_token_s, pa.float64()),
+        "finish_s": pa.array(result.finish_s, pa.float64()),
+        "output_tokens": pa.array(result.output_tokens, pa.int32()),
+        "prompt_tokens": pa.array(result.prompt_tokens, pa.int32()),
+        "predicted_tokens": pa.array(result.predicted_tokens, pa.float64(), from_pandas=True),
+        "forced_steps": pa.array(result.forced_steps, pa.int32()),
+    })
+
+
+def prediction_quality(predicted: np.ndarray, true: np.ndarray) -> dict:
+    from predictors.metrics import kendall_tau_b, mae_by_bucket, pairwise_order_accuracy, spearman
+
+    mask = np.isfinite(predicted)
+    out = {"spearman": None, "kendall_tau": None, "pairwise_accuracy": None, "mae": None,
+           "mae_le256": None, "mae_257_1024": None, "mae_gt1024": None}
+    if mask.sum() < 2:
+        return out
+    p, t = predicted[mask], true[mask].astype(np.float64)
+    out["spearman"] = _num(spearman(p, t))
+    out["kendall_tau"] = _num(kendall_tau_b(p, t))
+    out["pairwise_accuracy"] = _num(pairwise_order_accuracy(p, t))
+    buckets = mae_by_bucket(p, t)
+    out["mae"] = _num(buckets["overall"])
+    out["mae_le256"] = _num(buckets["<=256"]) if buckets.get("<=256") is not None else None
+    out["mae_257_1024"] = _num(buckets["257-1024"]) if buckets.get("257-1024") is not None else None
+    out["mae_gt1024"] = _num(buckets[">1024"]) if buckets.get(">1024") is not None else None
+    return out
+
+
+def summarize(result: RunResult, **context) -> dict:
+    """Summary figures of one run; ``context`` (load, capacity, names, seed...) is merged in."""
+    arrival, finish, first = result.arrival_s, result.finish_s, result.first_token_s
+    out_tok = result.output_tokens.astype(np.float64)
+    done = np.isfinite(finish)
+    e2e = (finish - arrival)[done]
+    ptl = e2e / out_tok[done]
+    ttft = (first - arrival)[done]
+    multi = done & (out_tok > 1)
+    tpot = ((finish - first)[multi] / (out_tok[multi] - 1))
+    start = float(arrival.min()) if len(arrival) else 0.0
+    span = result.makespan_s - start
+    long_cut = np.percentile(out_tok, 90) if len(out_tok) else 0
+    long_decile = (finish - arrival)[done & (out_tok >= long_cut)]
+    over = (finish - arrival)[done & (out_tok > LONG_REQUEST_TOKENS)]
+    ready_late = (result.predicted_ready_s - first)
+    ready_late = ready_late[np.isfinite(ready_late)]
+    summary = {
+        "arrived": int(len(arrival)),
+        "completed": int(done.sum()),
+        "mean_ptl_s": _mean(ptl),
+        "mean_e2e_s": _mean(e2e),
+        "p50_e2e_s": _pct(e2e, 50),
+        "p90_e2e_s": _pct(e2e, 90),
+        "p95_e2e_s": _pct(e2e, 95),
+        "p99_e2e_s": _pct(e2e, 99),
+        "mean_ttft_s": _mean(ttft),
+        "p95_ttft_s": _pct(ttft, 95),
+        "mean_tpot_s": _mean(tpot),
+        "long_decile_mean_e2e_s": _mean(long_decile),
+        "long_decile_p95_e2e_s": _pct(long_decile, 95),
+        "over1024_requests": int(len(over)),
+        "over1024_mean_e2e_s": _mean(over),
+        "over1024_p95_e2e_s": _pct(over, 95),
+        "throughput_tok_s": _num(out_tok[done].sum() / span) if span > 0 else None,
+        "throughput_req_s": _num(done.sum() / span) if span > 0 else None,
+        "makespan_s": _num(span),
+        "steps": int(result.steps),
+        "forced_steps": int(result.forced_steps.sum()),
+        "requests_forced": int((result.forced_steps > 0).sum()),
+        "gpu_s_charged": _num(result.gpu_s_charged),
+        "predictor_cpu_s": _num(result.predictor_cpu_s),
+        "prediction_late_mean_s": _mean(np.maximum(ready_late, 0.0)),
+        "updates_published": int(result.updates_published),
+        **prediction_quality(result.predicted_tokens, result.output_tokens),
+        "sim_cpu_s": _num(result.sim_cpu_s),
+    }
+    return {**context, **summary}

@@ -1,0 +1,24 @@
+"""The engine-profile interface: how long one engine step takes."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+
+class EngineProfile(ABC):
+    """Step time as a function of the step's composition (seconds).
+
+    ``prefill_tokens``: prompt tokens prefilled this step; ``prefill_sq``: sum of squared prompt
+    lengths (attention is quadratic in a prompt); ``decode_batch``: requests decoded this step;
+    ``decode_context``: sum of their context lengths (prompt + generated), i.e. KV read per step.
+    """
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def step_time(self, prefill_tokens: int, prefill_sq: int, decode_batch: int, decode_context: int) -> float:
+        ...
+
+    def describe(self) -> dict:
+        return {"name": self.name}

@@ -1,0 +1,385 @@
+"""The Parquet trace contract: reading, validating and naming recorded traces.
+
+One trace is ``NAME.parquet`` (one row per request) with optional side tables beside it:
+``NAME.steps.parquet`` (per engine step timings) and ``NAME.decode.parquet`` (hidden states
+sampled during decode). Every part of the project reads traces through :func:`load_trace`, so a
+bad file fails in one place with one message naming the file, the column and the first bad row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA_VERSION = 1
+METADATA_KEY = b"leap.trace"
+
+REQUIRED_COLUMNS: dict[str, str] = {
+    "request_id": "string",
+    "domain": "string",
+    "prompt_id": "string",
+    "prompt_tokens": "integer",
+    "output_tokens": "integer",
+    "finish_reason": "string",
+    "max_tokens": "integer",
+}
+OPTIONAL_SCALAR_COLUMNS: dict[str, str] = {
+    "prompt_text": "string",
+    "arrival_s": "float",
+    "ttft_s": "float",
+    "e2e_s": "float",
+    "reference_output_tokens": "integer",
+}
+FEATURE_COLUMNS = ("feat_last", "feat_mean", "feat_entropy_pooled", "text_embedding")
+FINISH_REASONS = frozenset({"stop", "length"})
+STEPS_COLUMNS = ("step_index", "step_s", "prefill_tokens", "decode_requests")
+DECODE_COLUMNS = ("request_id", "generated_tokens", "layer", "vector")
+
+
+class TraceError(ValueError):
+    """A trace that breaks the contract; the message names file, column and first bad row."""
+
+
+def traces_dir() -> Path:
+    """Where bundled traces live: ``$LEAP_TRACES_DIR`` or the repository's ``traces/``."""
+    env = os.environ.get("LEAP_TRACES_DIR")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "traces"
+
+
+def bundled_trace_names() -> list[str]:
+    root = traces_dir()
+    if not root.is_dir():
+        return []
+    return sorted(
+        p.name[: -len(".parquet")]
+        for p in root.glob("*.parquet")
+        if p.name.count(".") == 1
+    )
+
+
+def resolve_trace_path(path_or_name: str | os.PathLike) -> Path:
+    """A path to an existing file, or the name of a bundled trace (``sharegpt`` -> traces/sharegpt.parquet)."""
+    text = str(path_or_name)
+    candidate = Path(text)
+    if candidate.suffix == ".parquet" or os.sep in text or candidate.exists():
+        if not candidate.is_file():
+            raise TraceError(f"trace {text}: no such file")
+        return candidate
+    bundled = traces_dir() / f"{text}.parquet"
+    if bundled.is_file():
+        return bundled
+    names = ", ".join(bundled_trace_names()) or "none"
+    raise TraceError(f"trace {text!r}: not a file and not a bundled trace (bundled: {names})")
+
+
+def side_table_path(trace_path: Path, kind: str) -> Path:
+    return trace_path.with_name(trace_path.name[: -len(".parquet")] + f".{kind}.parquet")
+
+
+def _kind_of(dtype: pa.DataType) -> str:
+    if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
+        return "string"
+    if pa.types.is_integer(dtype):
+        return "integer"
+    if pa.types.is_floating(dtype):
+        return "float"
+    if pa.types.is_null(dtype):
+        return "null"
+    return str(dtype)
+
+
+def _first_true(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A validated trace: request columns as numpy arrays, features on demand."""
+
+    name: str
+    path: Path | None
+    table: pa.Table
+    metadata: dict
+    content_hash: str
+    steps: pa.Table | None = None
+    decode_path: Path | None = None
+    _feature_cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    @cached_property
+    def request_id(self) -> np.ndarray:
+        return np.asarray(self.table.column("request_id").to_pylist(), dtype=object)
+
+    @cached_property
+    def domain(self) -> np.ndarray:
+        return np.asarray(self.table.column("domain").to_pylist(), dtype=object)
+
+    @cached_property
+    def prompt_tokens(self) -> np.ndarray:
+        return self.table.column("prompt_tokens").to_numpy().astype(np.int64)
+
+    @cached_property
+    def output_tokens(self) -> np.ndarray:
+        return self.table.column("output_tokens").to_numpy().astype(np.int64)
+
+    @cached_property
+    def max_tokens(self) -> np.ndarray:
+        return self.table.column("max_tokens").to_numpy().astype(np.int64)
+
+    @cached_property
+    def arrival_s(self) -> np.ndarray | None:
+        if "arrival_s" not in self.table.column_names:
+            return None
+        col = self.table.column("arrival_s")
+        if col.null_count:
+            return None
+        return col.to_numpy().astype(np.float64)
+
+    @property
+    def output_cap(self) -> int:
+        """The cap M of the capture (largest max_tokens)."""
+        return int(self.max_tokens.max()) if len(self) else 1
+
+    def has_feature(self, column: str) -> bool:
+        return column in self.table.column_names
+
+    def feature(self, column: str) -> np.ndarray:
+        """An (n, d) float32 matrix of a vector column, e.g. ``feat_last``."""
+        if column not in self._feature_cache:
+            if column not in self.table.column_names:
+                raise TraceError(f"trace {self.name}: has no column {column!r} (columns: "
+                                 f"{', '.join(self.table.column_names)})")
+            self._feature_cache[column] = _vectors_to_numpy(self.table.column(column))
+        return self._feature_cache[column]
+
+    def feature_layer(self, column: str) -> int | None:
+        return (self.metadata.get("layers") or {}).get(column)
+
+    def take(self, rows: np.ndarray) -> "Trace":
+        """A sub-trace of the given row indices (features sliced lazily)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        sub = self.table.take(pa.array(rows))
+        digest = hashlib.sha256(self.content_hash.encode() + rows.tobytes()).hexdigest()
+        return Trace(name=self.name, path=self.path, table=sub, metadata=self.metadata,
+                     content_hash=digest, steps=self.steps, decode_path=self.decode_path)
+
+    def decode_features(self) -> pa.Table:
+        """The decode side table (validated against this trace's ids)."""
+        if self.decode_path is None:
+            raise TraceError(f"trace {self.name}: has no decode side table")
+        table = _read_parquet(self.decode_path)
+        _require_columns(self.decode_path, table, DECODE_COLUMNS)
+        known = set(self.request_id.tolist())
+        ids = table.column("request_id").to_pylist()
+        for row, rid in enumerate(ids):
+            if rid not in known:
+                raise TraceError(f"trace {self.decode_path}: column request_id: row {row}: "
+                                 f"unknown request id {rid!r}")
+        return table
+
+
+def _vectors_to_numpy(column: pa.ChunkedArray) -> np.ndarray:
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    width = arr.type.list_size
+    values = arr.values.to_numpy(zero_copy_only=False)
+    return values.reshape(len(arr), width).astype(np.float32, copy=False)
+
+
+def _read_parquet(path: Path) -> pa.Table:
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise TraceError(f"trace {path}: not a readable Parquet file ({exc})") from None
+
+
+def _require_columns(path: Path, table: pa.Table, columns) -> None:
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise TraceError(f"trace {path}: missing required column(s) {', '.join(missing)}")
+
+
+def _file_hash(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_metadata(table: pa.Table, path: Path) -> dict:
+    raw = (table.schema.metadata or {}).get(METADATA_KEY)
+    if raw is None:
+        raise TraceError(f"trace {path}: missing Parquet metadata key {METADATA_KEY.decode()!r}")
+    try:
+        meta = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"trace {path}: metadata {METADATA_KEY.decode()!r} is not JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise TraceError(f"trace {path}: metadata {METADATA_KEY.decode()!r} must be a JSON object")
+    version = meta.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise TraceError(f"trace {path}: schema_version {version!r} is not supported "
+                         f"(this reader understands {SCHEMA_VERSION})")
+    return meta
+
+
+def validate_table(table: pa.Table, meta: dict, path: Path) -> None:
+    """Check a request table against the contract; raises TraceError on the first problem."""
+    _require_columns(path, table, REQUIRED_COLUMNS)
+    n = table.num_rows
+    if n == 0:
+        raise TraceError(f"trace {path}: has no requests")
+    for column, kind in {**REQUIRED_COLUMNS, **OPTIONAL_SCALAR_COLUMNS}.items():
+        if column not in table.column_names:
+            continue
+        actual = _kind_of(table.schema.field(column).type)
+        if actual != kind and not (actual == "null" and column in OPTIONAL_SCALAR_COLUMNS):
+            raise TraceError(f"trace {path}: column {column}: expected {kind}, found "
+                             f"{table.schema.field(column).type}")
+        if column in REQUIRED_COLUMNS and table.column(column).null_count:
+            row = _first_true(table.column(column).is_null().to_numpy(zero_copy_only=False))
+            raise TraceError(f"trace {path}: column {column}: row {row}: null value")
+    ids = table.column("request_id").to_pylist()
+    if len(set(ids)) != n:
+        seen: set = set()
+        for row, rid in enumerate(ids):
+            if rid in seen:
+                raise TraceError(f"trace {path}: column request_id: row {row}: duplicate id {rid!r}")
+            seen.add(rid)
+    for column in ("prompt_tokens", "output_tokens", "max_tokens"):
+        values = table.column(column).to_numpy()
+        if (values < 1).any():
+            row = _first_true(values < 1)
+            raise TraceError(f"trace {path}: column {column}: row {row}: must be >= 1, found {values[row]}")
+    reasons = table.column("finish_reason").to_pylist()
+    for row, reason in enumerate(reasons):
+        if reason not in FINISH_REASONS:
+            raise TraceError(f"trace {path}: column finish_reason: row {row}: {reason!r} is not "
+                             f"'stop' or 'length'")
+    out = table.column("output_tokens").to_numpy()
+    cap = table.column("max_tokens").to_numpy()
+    if (out > cap).any():
+        row = _first_true(out > cap)
+        raise TraceError(f"trace {path}: column output_tokens: row {row}: {out[row]} exceeds max_tokens {cap[row]}")
+    for column in ("arrival_s", "ttft_s", "e2e_s"):
+        if column in table.column_names and _kind_of(table.schema.field(column).type) == "float":
+            values = table.column(column).to_numpy(zero_copy_only=False).astype(np.float64)
+            bad = ~np.isnan(values) & ~np.isfinite(values) | (values < 0)
+            if bad.any():
+                row = _first_true(bad)
+                raise TraceError(f"trace {path}: column {column}: row {row}: {values[row]} is not a finite, "
+                                 f"non-negative time")
+    hidden = meta.get("hidden_size")
+    for column in FEATURE_COLUMNS:
+        if column not in table.column_names:
+            continue
+        dtype = table.schema.field(column).type
+        if not pa.types.is_fixed_size_list(dtype) or not (
+            pa.types.is_float16(dtype.value_type) or pa.types.is_float32(dtype.value_type)
+        ):
+            raise TraceError(f"trace {path}: column {column}: expected fixed_size_list<float16|float32>, "
+                             f"found {dtype}")
+        if column != "text_embedding" and hidden is not None and dtype.list_size != hidden:
+            raise TraceError(f"trace {path}: column {column}: vector length {dtype.list_size} differs from "
+                             f"declared hidden_size {hidden}")
+        col = table.column(column)
+        if col.null_count:
+            row = _first_true(col.is_null().to_numpy(zero_copy_only=False))
+            raise TraceError(f"trace {path}: column {column}: row {row}: missing vector")
+        matrix = _vectors_to_numpy(col)
+        finite = np.isfinite(matrix).all(axis=1)
+        if not finite.all():
+            row = _first_true(~finite)
+            raise TraceError(f"trace {path}: column {column}: row {row}: non-finite value in vector")
+
+
+def validate_steps(table: pa.Table, path: Path) -> None:
+    _require_columns(path, table, STEPS_COLUMNS)
+    step_s = table.column("step_s").to_numpy(zero_copy_only=False).astype(np.float64)
+    bad = ~np.isfinite(step_s) | (step_s <= 0)
+    if bad.any():
+        row = _first_true(bad)
+        raise TraceError(f"trace {path}: column step_s: row {row}: {step_s[row]} is not a positive duration")
+    for column in ("prefill_tokens", "decode_requests"):
+        values = table.column(column).to_numpy(zero_copy_only=False)
+        if (values < 0).any():
+            row = _first_true(values < 0)
+            raise TraceError(f"trace {path}: column {column}: row {row}: negative count")
+
+
+_CACHE: dict[tuple[str, float, int], Trace] = {}
+
+
+def load_trace(path_or_name: str | os.PathLike) -> Trace:
+    """Read and validate a trace (path or bundled name). Raises :class:`TraceError`."""
+    path = resolve_trace_path(path_or_name)
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_mtime, stat.st_size)
+    if key in _CACHE:
+        return _CACHE[key]
+    table = _read_parquet(path)
+    meta = read_metadata(table, path)
+    validate_table(table, meta, path)
+    steps = None
+    steps_path = side_table_path(path, "steps")
+    if steps_path.is_file():
+        steps = _read_parquet(steps_path)
+        validate_steps(steps, steps_path)
+    decode_path = side_table_path(path, "decode")
+    name = path.name[: -len(".parquet")] if path.name.endswith(".parquet") else path.name
+    trace = Trace(name=name, path=path, table=table, metadata=meta, content_hash=_file_hash(path),
+                  steps=steps, decode_path=decode_path if decode_path.is_file() else None)
+    _CACHE[key] = trace
+    return trace
+
+
+def trace_metadata(**fields) -> dict[bytes, bytes]:
+    """Parquet key-value metadata for a new trace (writers call this)."""
+    meta = {"schema_version": SCHEMA_VERSION, **fields}
+    return {METADATA_KEY: json.dumps(meta, sort_keys=True).encode()}
+
+
+def trace_from_arrays(name: str, prompt_tokens, output_tokens, *, max_tokens: int | None = None,
+                      arrival_s=None, features: dict[str, np.ndarray] | None = None,
+                      metadata: dict | None = None) -> Trace:
+    """An in-memory trace (tests, synthetic workloads) validated like a file."""
+    prompt_tokens = np.asarray(prompt_tokens, dtype=np.int32)
+    output_tokens = np.asarray(output_tokens, dtype=np.int32)
+    n = len(output_tokens)
+    cap = int(max_tokens if max_tokens is not None else max(int(output_tokens.max(initial=1)), 1))
+    columns = {
+        "request_id": pa.array([f"r{i}" for i in range(n)], pa.string()),
+        "domain": pa.array([name] * n, pa.string()),
+        "prompt_id": pa.array([f"p{i}" for i in range(n)], pa.string()),
+        "prompt_tokens": pa.array(prompt_tokens, pa.int32()),
+        "output_tokens": pa.array(output_tokens, pa.int32()),
+        "finish_reason": pa.array(["length" if o >= cap else "stop" for o in output_tokens], pa.string()),
+        "max_tokens": pa.array(np.full(n, cap, dtype=np.int32), pa.int32()),
+    }
+    if arrival_s is not None:
+        columns["arrival_s"] = pa.array(np.asarray(arrival_s, dtype=np.float64), pa.float64())
+    hidden = None
+    for column, matrix in (features or {}).items():
+        matrix = np.asarray(matrix, dtype=np.float32)
+        columns[column] = pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), matrix.shape[1])
+        if column != "text_embedding":
+            hidden = matrix.shape[1]
+    meta = {"schema_version": SCHEMA_VERSION, "hidden_size": hidden, **(metadata or {})}
+    table = pa.table(columns)
+    path = Path(f"<memory:{name}>")
+    validate_table(table, meta, path)
+    digest = hashlib.sha256(repr((name, prompt_tokens.tobytes(), output_tokens.tobytes(), cap,
+                                  None if arrival_s is None else np.asarray(arrival_s).tobytes())).encode())
+    for column in sorted(features or {}):
+        digest.update(np.ascontiguousarray(features[column], dtype=np.float32).tobytes())
+    return Trace(name=name, path=None, table=table, metadata=meta, content_hash=digest.hexdigest())

@@ -1,0 +1,149 @@
+"""Arrival processes and the capacity that load multiples are measured against."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from simulator.io import atomic_write_json, cache_dir
+from simulator.trace import Trace
+
+LOAD_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*[xX]?\s*$")
+CAPACITY_DEFINITION = "saturated FCFS: all requests queued at t=0, completed requests / makespan"
+
+
+def parse_load(text: str) -> float:
+    """``1.5x`` (or ``1.5``) -> 1.5; a positive, finite multiple of capacity."""
+    match = LOAD_PATTERN.match(str(text))
+    if not match:
+        raise ValueError(f"--load {text!r}: expected a positive multiple of capacity such as 1.5x")
+    value = float(match.group(1))
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"--load {text!r}: must be a positive multiple of capacity")
+    return value
+
+
+@dataclass(frozen=True)
+class ArrivalSpec:
+    """Where arrival times come from: ``poisson``, ``trace`` (the trace's own) or a CSV file."""
+
+    kind: str = "poisson"
+    csv_path: Path | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "ArrivalSpec":
+        if text in ("poisson", "trace"):
+            return cls(text)
+        path = Path(text)
+        if path.suffix.lower() != ".csv":
+            raise ValueError(f"--arrivals {text!r}: expected 'poisson', 'trace' or a .csv file of timestamps")
+        if not path.is_file():
+            raise ValueError(f"--arrivals {text}: no such file")
+        return cls("csv", path)
+
+    def describe(self) -> str:
+        return str(self.csv_path) if self.kind == "csv" else self.kind
+
+
+def read_timestamps_csv(path: Path) -> np.ndarray:
+    """Seconds from the first row of a CSV with a TIMESTAMP (date-time) or arrival_s/timestamp column."""
+    try:
+        with open(path, newline="") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, None)
+            if not header:
+                raise ValueError(f"--arrivals {path}: empty CSV")
+            lowered = [h.strip().lower() for h in header]
+            for name in ("timestamp", "arrival_s", "arrival_time", "time"):
+                if name in lowered:
+                    col = lowered.index(name)
+                    break
+            else:
+                raise ValueError(f"--arrivals {path}: no TIMESTAMP or arrival_s column (header: {', '.join(header)})")
+            raw = [row[col] for row in reader if len(row) > col and row[col].strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--arrivals {path}: cannot read ({exc})") from None
+    if len(raw) < 2:
+        raise ValueError(f"--arrivals {path}: needs at least two timestamps")
+    try:
+        values = np.array([float(v) for v in raw])
+    except ValueError:
+        try:
+            stamps = [datetime.fromisoformat(v.strip()[:26]) for v in raw]
+        except ValueError as exc:
+            raise ValueError(f"--arrivals {path}: unparseable timestamp ({exc})") from None
+        values = np.array([(s - stamps[0]).total_seconds() for s in stamps])
+    values = np.sort(values - values.min())
+    if values[-1] <= 0:
+        raise ValueError(f"--arrivals {path}: all timestamps are equal")
+    return values
+
+
+def rescale_to_rate(times: np.ndarray, n: int, rate: float) -> np.ndarray:
+    """The first ``n`` arrivals of ``times`` (gaps tiled if too few), stretched to a mean rate."""
+    gaps = np.diff(times)
+    if len(gaps) < n - 1:
+        gaps = np.tile(gaps, int(np.ceil((n - 1) / len(gaps))))
+    gaps = gaps[: max(n - 1, 0)]
+    if n > 1 and gaps.sum() <= 0:
+        raise ValueError("arrival timestamps span zero time; cannot rescale")
+    out = np.concatenate([[0.0], np.cumsum(gaps)])
+    if n > 1:
+        out *= (n - 1) / rate / out[-1]
+    return out[:n]
+
+
+def make_arrivals(spec: ArrivalSpec, workload: Trace, rate: float, seed: int) -> np.ndarray:
+    """Arrival offsets (s) for every request of ``workload`` at mean ``rate`` req/s."""
+    n = len(workload)
+    if spec.kind == "poisson":
+        rng = np.random.default_rng(seed)
+        gaps = rng.exponential(1.0 / rate, size=n)
+        return np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+    if spec.kind == "trace":
+        own = workload.arrival_s
+        if own is None:
+            raise ValueError(f"--arrivals trace: trace {workload.name!r} has no recorded arrival_s")
+        return rescale_to_rate(np.sort(own - own.min()), n, rate) if n > 1 else np.zeros(1)
+    return rescale_to_rate(read_timestamps_csv(spec.csv_path), n, rate)
+
+
+def capacity_key(workload: Trace, profile_desc: dict, config_desc: dict) -> str:
+    blob = json.dumps({"trace": workload.content_hash, "n": len(workload), "profile": profile_desc,
+                       "engine": config_desc, "definition": CAPACITY_DEFINITION}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def measure_capacity(workload: Trace, profile, config) -> float:
+    """Saturated FCFS throughput (req/s) of this workload on this engine, cached on disk."""
+    from dataclasses import asdict
+
+    from policies.fcfs import FCFS
+    from simulator.engine import Simulation
+
+    key = capacity_key(workload, profile.describe(), asdict(config))
+    path = cache_dir() / "capacity.json"
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        table = {}
+    if key in table:
+        return float(table[key]["capacity_req_s"])
+    result = Simulation(workload, np.zeros(len(workload)), policy=FCFS(), predictor=None,
+                        profile=profile, config=config).run()
+    capacity = len(workload) / result.makespan_s
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        table = {}
+    table[key] = {"capacity_req_s": capacity, "trace": workload.name, "requests": len(workload),
+                  "engine": profile.describe().get("name"), "definition": CAPACITY_DEFINITION}
+    atomic_write_json(path, table)
+    return capacity
