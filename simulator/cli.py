@@ -117,11 +117,10 @@ def _configs(args) -> list[RunConfig]:
     for name in predictors:
         if name != NO_PREDICTOR and name not in PREDICTORS:
             raise UsageError(f"unknown predictor {name!r} (choose from {', '.join([*PREDICTORS, NO_PREDICTOR])})")
-    if args.policy is None:
-        policies = ["fcfs"] if predictors == [NO_PREDICTOR] else ["countdown"]
-    else:
-        policies = _split(args.policy)
+    policies = _split(args.policy) if args.policy is not None else [None]
     for name in policies:
+        if name is None:
+            continue
         if name not in POLICIES:
             raise UsageError(f"unknown policy {name!r} (choose from {', '.join(POLICIES)})")
     if args.engine not in PROFILES:
@@ -138,6 +137,8 @@ def _configs(args) -> list[RunConfig]:
         raise UsageError(str(exc)) from None
     configs = []
     for load, predictor, policy in itertools.product(loads, predictors, policies):
+        if policy is None:   # default: FCFS without a predictor, countdown with one
+            policy = "fcfs" if predictor == NO_PREDICTOR else "countdown"
         if predictor == NO_PREDICTOR and POLICIES[policy].uses_predictions:
             raise UsageError(f"policy {policy!r} needs a predictor; use --predictor or --policy fcfs")
         configs.append(RunConfig(trace=trace_name, predictor=predictor, policy=policy, engine=args.engine,
