@@ -9,8 +9,10 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,16 +20,17 @@ from policies import POLICIES
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.engine import EngineConfig
-from simulator.io import atomic_write_json, atomic_write_parquet
-from simulator.metrics import requests_table
 from simulator.profiles import DEFAULT_PROFILE, PROFILES
-from simulator.runner import NO_PREDICTOR, RunConfig, execute, prepare
+from simulator.runner import NO_PREDICTOR, RunConfig, prepare
+from simulator.sweep import add_relative_changes, run_many, write_results
 from simulator.trace import TraceError, bundled_trace_names, load_trace
 from simulator.workload import ArrivalSpec, parse_load
 
 PROG = "simulate"
 DEFAULT_TRACES = ("sharegpt", "sharegpt-lengths")
 DEFAULT_PREDICTOR = "leap-rls"
+# `--predictor all`: FCFS without a predictor, then every registered predictor but the noisy oracle
+ALL_PREDICTORS = [NO_PREDICTOR] + [p for p in PREDICTORS if p != "noisy-oracle"]
 
 
 class UsageError(Exception):
@@ -73,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Replay a recorded LLM serving trace under a length-aware scheduler.")
     p.add_argument("--trace", help="bundled trace name or path to a trace .parquet "
                    f"(default: {DEFAULT_TRACES[0]}, else {DEFAULT_TRACES[1]})")
-    p.add_argument("--predictor", help=f"comma list of {', '.join([*PREDICTORS, NO_PREDICTOR])} "
+    p.add_argument("--predictor", help=f"comma list of {', '.join([*PREDICTORS, NO_PREDICTOR])}, or 'all' "
                    f"(default: {DEFAULT_PREDICTOR} when the trace has hidden-state features, else oracle)")
     p.add_argument("--policy", help=f"comma list of {', '.join(POLICIES)} (default: countdown, or fcfs "
                    "with --predictor none)")
@@ -82,7 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arrivals", default="poisson", help="poisson | trace | FILE.csv of timestamps "
                    "(rescaled to the load's mean rate)")
     p.add_argument("--requests", type=_int("requests", 1), help="use the first N requests of the trace")
-    p.add_argument("--seed", type=_int("seed", 0), default=0)
+    p.add_argument("--seed", type=_int("seed", 0), default=0, help="first seed")
+    p.add_argument("--seeds", type=_int("seeds", 1), default=1, help="run seeds seed .. seed+N-1")
+    p.add_argument("--jobs", type=_int("jobs", 1), default=None,
+                   help="worker processes for several runs (default: number of CPUs)")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="local worker processes, or a Ray cluster ($RAY_ADDRESS, else a local Ray)")
     p.add_argument("--max-resident", type=_int("max-resident", 1), default=512)
     p.add_argument("--decode-slots", type=_int("decode-slots", 1), default=64)
     p.add_argument("--prefill-budget", type=_int("prefill-budget", 1), default=8192,
@@ -113,7 +121,10 @@ def _configs(args) -> list[RunConfig]:
         predictors = [DEFAULT_PREDICTOR if trace.has_feature("feat_last") and DEFAULT_PREDICTOR in PREDICTORS
                       else "oracle"]
     else:
-        predictors = _split(args.predictor)
+        predictors = []
+        for name in _split(args.predictor):
+            predictors += ALL_PREDICTORS if name == "all" else [name]
+        predictors = list(dict.fromkeys(predictors))
     for name in predictors:
         if name != NO_PREDICTOR and name not in PREDICTORS:
             raise UsageError(f"unknown predictor {name!r} (choose from {', '.join([*PREDICTORS, NO_PREDICTOR])})")
@@ -136,27 +147,18 @@ def _configs(args) -> list[RunConfig]:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     configs = []
-    for load, predictor, policy in itertools.product(loads, predictors, policies):
+    seeds = range(args.seed, args.seed + args.seeds)
+    for seed, load, predictor, policy in itertools.product(seeds, loads, predictors, policies):
         if policy is None:   # default: FCFS without a predictor, countdown with one
             policy = "fcfs" if predictor == NO_PREDICTOR else "countdown"
         if predictor == NO_PREDICTOR and POLICIES[policy].uses_predictions:
             raise UsageError(f"policy {policy!r} needs a predictor; use --predictor or --policy fcfs")
         configs.append(RunConfig(trace=trace_name, predictor=predictor, policy=policy, engine=args.engine,
-                                 load=load, arrivals=arrivals, requests=args.requests, seed=args.seed,
-                                 engine_config=engine_config, predictor_options=options,
+                                 load=load, arrivals=arrivals, requests=args.requests, seed=seed,
+                                 engine_config=engine_config,
+                                 predictor_options=dataclasses.replace(options, seed=seed),
                                  charge_cost=args.predictor_cost == "charged"))
     return configs
-
-
-def _slug(config: RunConfig) -> str:
-    return f"{config.predictor}-{config.policy}-{config.load:g}x-seed{config.seed}"
-
-
-def _write_outputs(out: Path, summary: dict, result, resolved: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_parquet(out / "requests.parquet", requests_table(result))
-    atomic_write_json(out / "config.json", resolved)
-    atomic_write_json(out / "summary.json", summary)
 
 
 def _print_table(summaries: list[dict]) -> None:
@@ -178,11 +180,17 @@ def _print_table(summaries: list[dict]) -> None:
                ("p95 e2e", "p95_e2e_s"), ("p99 e2e", "p99_e2e_s"), ("mean TTFT", "mean_ttft_s"),
                ("long p95", "long_decile_p95_e2e_s"), ("tok/s", "throughput_tok_s"),
                ("Spearman", "spearman"), ("Kendall", "kendall_tau"), ("sim CPU s", "sim_cpu_s")]
+    if len({s["seed"] for s in summaries}) > 1:
+        columns.insert(3, ("seed", "seed"))
+    if len(summaries) > 1:
+        at = columns.index(("mean PTL s", "mean_ptl_s")) + 1
+        columns[at:at] = [("PTL vs FCFS", "vs_fcfs_mean_ptl_s"), ("PTL vs LEAP", "vs_leap_mean_ptl_s")]
     for header, _ in columns:
         table.add_column(header, justify="right" if header not in ("predictor", "policy") else "left")
     for s in summaries:
-        table.add_row(*[fmt(s.get(key), 1 if key == "throughput_tok_s" else 3) if key != "load"
-                        else f"{s['load']:g}x" for _, key in columns])
+        table.add_row(*[f"{s['load']:g}x" if key == "load" else
+                        (f"{s[key]:+.1%}" if s.get(key) is not None else "-") if key.startswith("vs_") else
+                        fmt(s.get(key), 1 if key == "throughput_tok_s" else 3) for _, key in columns])
     console = Console() if sys.stdout.isatty() else Console(width=200)
     console.print(table)
 
@@ -190,25 +198,25 @@ def _print_table(summaries: list[dict]) -> None:
 def run(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configs = _configs(args)
-    prepared = [prepare(config) for config in configs]  # every input checked before any output
-    summaries = []
+    for config in configs:   # every input checked (and capacity cached) before anything runs or is written
+        prepare(config)
+    jobs = args.jobs or os.cpu_count() or 1
     show_progress = not args.quiet and not args.json and sys.stderr.isatty()
-    for config, run_ in zip(configs, prepared):
-        if show_progress:
-            from rich.progress import Progress
-            with Progress(transient=True) as bar:
-                task = bar.add_task(f"{config.predictor}/{config.policy} @ {config.load:g}x", total=None)
-                run_.simulation.progress = lambda done, total: bar.update(task, completed=done, total=total)
-                summary, result = execute(run_)
-        else:
-            summary, result = execute(run_)
-        if args.out is not None:
-            target = args.out if len(configs) == 1 else args.out / _slug(config)
-            _write_outputs(target, summary, result, run_.resolved)
-        if args.json:
+    if show_progress:
+        from rich.progress import Progress
+        with Progress(transient=True) as bar:
+            task = bar.add_task(f"{len(configs)} run(s)", total=len(configs))
+            summaries = run_many(configs, out=args.out, jobs=jobs, executor=args.executor,
+                                 on_done=lambda: bar.advance(task))
+    else:
+        summaries = run_many(configs, out=args.out, jobs=jobs, executor=args.executor)
+    add_relative_changes(summaries)
+    if args.out is not None:
+        write_results(args.out, summaries)
+    if args.json:
+        for summary in summaries:
             print(json.dumps(summary, sort_keys=True), flush=True)
-        summaries.append(summary)
-    if not args.json:
+    else:
         _print_table(summaries)
     return 0
 

@@ -157,7 +157,8 @@ class Simulation:
         self.view = SchedulerView(now=0.0, arrival_s=self.arrival, predicted=self.predicted,
                                   generated=self.generated,
                                   output_kind=pred.output if pred is not None else "length",
-                                  waiting=0, decode_slots=cfg.decode_slots)
+                                  waiting=0, decode_slots=cfg.decode_slots, step=0,
+                                  last_served=self.last_served, first_predicted=self.first_predicted)
 
         self.env = simpy.Environment()
         self.updates_store = simpy.Store(self.env)
@@ -293,6 +294,7 @@ class Simulation:
                 self._score_arrivals(arrived)
             view = self.view
             view.now = now
+            view.step = self.step
             view.waiting = arrived - self.n_admitted
             ready = self.resident
             admit = self._admit(arrived)

@@ -72,6 +72,8 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
     predictor = None if config.predictor == NO_PREDICTOR else make_predictor(config.predictor, config.predictor_options)
     if predictor is None and policy.uses_predictions:
         raise ValueError(f"policy {config.policy!r} needs a predictor (--predictor)")
+    if predictor is not None:   # train or load now, so a bad training trace fails before any output
+        predictor.bind(workload, np.random.default_rng(config.seed))
     profile = make_profile(config.engine, trace)
     capacity = measure_capacity(workload, profile, config.engine_config)
     rate = config.load * capacity

@@ -139,3 +139,25 @@ def test_malformed_trace_file(tmp_path):
 def test_console_script_installed():
     proc = subprocess.run(["simulate", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "--load" in proc.stdout
+
+
+def test_sweep_writes_tidy_results_in_config_order(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert main(["--trace", TRACE, "--requests", "200", "--predictor", "none,oracle", "--load", "1x,1.5x",
+                 "--seeds", "2", "--jobs", "2", "--out", str(out), "--json"]) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [(r["seed"], r["load"], r["predictor"]) for r in rows] == [
+        (s, l, p) for s in (0, 1) for l in (1.0, 1.5) for p in ("none", "oracle")]
+    table = pq.read_table(out / "results.parquet")
+    assert table.num_rows == 8
+    assert table.column_names[:7] == ["trace", "predictor", "policy", "engine", "arrivals", "load", "seed"]
+    assert (out / "results.csv").read_text().count("\n") == 9
+    assert len(list(out.glob("*/requests.parquet"))) == 8
+    oracle = [r for r in rows if r["predictor"] == "oracle" and r["load"] == 1.5]
+    assert all(r["vs_fcfs_mean_ptl_s"] < 0 for r in oracle)
+    # parallel and serial sweeps give the same figures
+    assert main(["--trace", TRACE, "--requests", "200", "--predictor", "oracle", "--load", "1.5x",
+                 "--seed", "1", "--jobs", "1", "--json"]) == 0
+    serial = json.loads(capsys.readouterr().out)
+    parallel = next(r for r in rows if r["seed"] == 1 and r["load"] == 1.5 and r["predictor"] == "oracle")
+    assert serial["mean_e2e_s"] == parallel["mean_e2e_s"]
