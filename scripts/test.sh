@@ -18,5 +18,7 @@ else
     [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q -e ".[test]"
+# Ray is optional: its test runs a local Ray instance if it installs, and skips with the reason if not
+"$VENV/bin/python" -m pip install -q "ray>=2.9" || echo "test.sh: ray could not be installed; the Ray test will skip" >&2
 echo "test.sh: environment ready in $(( $(date +%s) - start )) s ($VENV)"
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"

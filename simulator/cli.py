@@ -22,7 +22,7 @@ from predictors.base import PredictorOptions
 from simulator.engine import EngineConfig
 from simulator.profiles import DEFAULT_PROFILE, PROFILES
 from simulator.runner import NO_PREDICTOR, RunConfig, prepare
-from simulator.sweep import add_relative_changes, run_many, write_results
+from simulator.sweep import add_relative_changes, run_many, run_slug, write_results
 from simulator.trace import TraceError, bundled_trace_names, load_trace
 from simulator.workload import ArrivalSpec, parse_load
 
@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--predictor-cost", choices=("charged", "none"), default="charged",
                    help="charge predictor GPU/CPU time to the engine, or not (paper's Table 4)")
     p.add_argument("--out", type=Path, help="write requests.parquet, summary.json, config.json here")
+    p.add_argument("--plots", action="store_true", help="write PNG figures next to the results table (needs --out)")
     p.add_argument("--json", action="store_true", help="print each run's summary as one JSON line")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -198,6 +199,11 @@ def _print_table(summaries: list[dict]) -> None:
 def run(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configs = _configs(args)
+    if args.plots and args.out is None:
+        raise UsageError("--plots needs --out DIR")
+    if args.plots:
+        from simulator.plots import _pyplot
+        _pyplot()   # fail now, not after the runs, if matplotlib is missing
     for config in configs:   # every input checked (and capacity cached) before anything runs or is written
         prepare(config)
     jobs = args.jobs or os.cpu_count() or 1
@@ -213,6 +219,10 @@ def run(argv: list[str] | None = None) -> int:
     add_relative_changes(summaries)
     if args.out is not None:
         write_results(args.out, summaries)
+        if args.plots:
+            from simulator.plots import write_plots
+            dirs = [args.out] if len(configs) == 1 else [args.out / run_slug(c) for c in configs]
+            write_plots(summaries, args.out, dirs)
     if args.json:
         for summary in summaries:
             print(json.dumps(summary, sort_keys=True), flush=True)

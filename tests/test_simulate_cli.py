@@ -161,3 +161,33 @@ def test_sweep_writes_tidy_results_in_config_order(tmp_path, capsys):
     serial = json.loads(capsys.readouterr().out)
     parallel = next(r for r in rows if r["seed"] == 1 and r["load"] == 1.5 and r["predictor"] == "oracle")
     assert serial["mean_e2e_s"] == parallel["mean_e2e_s"]
+
+
+def test_ray_executor_matches_local(capsys):
+    try:
+        import ray  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"Ray is not installed here ({exc}); `pip install 'leap-sched[ray]'` enables this test")
+    args = ["--trace", TRACE, "--requests", "150", "--predictor", "none,oracle", "--load", "1.5x", "--json"]
+    assert main([*args, "--executor", "ray"]) == 0
+    on_ray = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert main([*args, "--jobs", "1"]) == 0
+    local = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "sim_cpu_s"} for r in rows]  # noqa: E731
+    assert strip(on_ray) == strip(local)
+
+
+def test_plots_written_next_to_results(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is in the test extra; plots need it")
+    out = tmp_path / "p"
+    assert main(["--trace", TRACE, "--requests", "300", "--predictor", "none,oracle", "--load", "1x,1.5x",
+                 "--out", str(out), "--plots", "--quiet"]) == 0
+    for name in ("load_sweep.png", "long_requests.png", "response_cdf.png", "predicted_vs_true.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
+
+
+def test_plots_need_out(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "--trace", TRACE, "--predictor", "oracle",
+                           "--plots"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--plots needs --out" in proc.stderr
