@@ -115,9 +115,19 @@ def make_arrivals(spec: ArrivalSpec, workload: Trace, rate: float, seed: int) ->
     return rescale_to_rate(read_timestamps_csv(spec.csv_path), n, rate)
 
 
+def _code_version() -> str:
+    """Hash of the engine and profile sources: a cached capacity is stale once they change."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in [root / "engine.py", *sorted((root / "profiles").glob("*.py"))]:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def capacity_key(workload: Trace, profile_desc: dict, config_desc: dict) -> str:
     blob = json.dumps({"trace": workload.content_hash, "n": len(workload), "profile": profile_desc,
-                       "engine": config_desc, "definition": CAPACITY_DEFINITION}, sort_keys=True, default=str)
+                       "engine": config_desc, "definition": CAPACITY_DEFINITION, "code": _code_version()},
+                      sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
