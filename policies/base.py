@@ -26,6 +26,9 @@ class SchedulerView:
     output_kind: str           # "length" or "rank"
     waiting: int               # requests arrived but not admitted
     decode_slots: int
+    step: int = 0              # index of the step being composed
+    last_served: np.ndarray | None = None      # int64, step of each row's last decode (or prefill)
+    first_predicted: np.ndarray | None = None  # float64, each row's first estimate (nan before)
 
 
 class Policy(ABC):
