@@ -1,0 +1,24 @@
+"""The report command end to end on reduced sizes."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.report import main
+
+
+def test_report_runs_end_to_end(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib", reason="the report draws figures with matplotlib")
+    monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["--requests", "120", "--out", str(tmp_path), "--jobs", "2", "--loads", "1,2"]) == 0
+    text = (tmp_path / "report.md").read_text()
+    for heading in ("Table 3 analogue", "Table 4 analogue", "Table 2 analogue", "Fig. 6 analogue", "Azure"):
+        assert heading in text
+    assert (tmp_path / "report" / "load-sweep" / "load_sweep.png").is_file()
+    assert (tmp_path / "report" / "table3" / "results.csv").is_file()
+    assert not list((tmp_path / "report").glob("*/*/requests.parquet"))
+
+
+def test_report_bad_input(tmp_path, capsys):
+    assert main(["--requests", "1", "--out", str(tmp_path)]) == 2
+    assert "--requests must be >= 2" in capsys.readouterr().err
