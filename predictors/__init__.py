@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from predictors.base import PendingUpdate, Predictor, PredictorCost, PredictorOptions
+from predictors.leap import Leap, LeapRLS
 from predictors.noisy_oracle import NoisyOracle
 from predictors.oracle import Oracle
 
 PREDICTORS: dict[str, type[Predictor]] = {
     "oracle": Oracle,
     "noisy-oracle": NoisyOracle,
+    "leap": Leap,
+    "leap-rls": LeapRLS,
 }
 
 

@@ -9,6 +9,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# one BLAS thread: on 2 shared cores multi-threaded OpenBLAS is many times slower for these sizes
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 start=$(date +%s)
 if bash scripts/setup_capture_env.sh; then
     VENV="$ROOT/.venv-capture"

@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="force a resident request after this many steps without a decode (0 = off)")
     p.add_argument("--noise-mae", type=_float, default=0.0, help="noisy-oracle mean absolute error (tokens)")
     p.add_argument("--train-trace", default="lmsys", help="training trace for learned predictors")
+    p.add_argument("--refresh", choices=("default", "on", "off"), default="default",
+                   help="decode-time re-prediction for predictors that support it (TRAIL; LEAP on traces "
+                        "with decode features)")
     p.add_argument("--predictor-cost", choices=("charged", "none"), default="charged",
                    help="charge predictor GPU/CPU time to the engine, or not (paper's Table 4)")
     p.add_argument("--out", type=Path, help="write requests.parquet, summary.json, config.json here")
@@ -144,7 +147,8 @@ def _configs(args) -> list[RunConfig]:
                                      prefill_token_budget=args.prefill_budget, kv_token_budget=args.kv_budget,
                                      wait_cap=args.wait_cap)
         options = PredictorOptions(train_trace=args.train_trace, noise_mae=args.noise_mae, seed=args.seed,
-                                   charge_cost=args.predictor_cost == "charged")
+                                   charge_cost=args.predictor_cost == "charged",
+                                   refresh={"default": None, "on": True, "off": False}[args.refresh])
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     configs = []

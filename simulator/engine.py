@@ -147,10 +147,10 @@ class Simulation:
         self.log = StepLog() if self.record_steps else None
 
         pred = self.predictor
-        self.cost = pred.cost() if pred is not None else None
         if pred is not None:
             pred.bind(wl, np.random.default_rng(self.seed))
             self.predicted[:] = pred.prior_length
+        self.cost = pred.cost() if pred is not None else None
         self.arrival_scoring = pred is not None and pred.stage == "arrival"
         self.ordered_admission = self.arrival_scoring and self.policy.uses_predictions
         self.scored = 0  # rows [0, scored) have arrival-stage scores
