@@ -20,6 +20,7 @@ from policies.countdown import remaining
 GAMMA = 0.9
 TAU_S = 30.0
 RECOMPUTE_S = 5.0
+KEY_DECIMALS = 9   # log-key resolution: far below any real difference, far above float noise
 
 
 class Aging(Policy):
@@ -35,15 +36,18 @@ class Aging(Policy):
         self._log_gamma_per_s = math.log(gamma) / tau_s
 
     def aged(self, view: SchedulerView, rows: np.ndarray, score: np.ndarray) -> np.ndarray:
+        """log(score) + wait * log(gamma) / tau: the same order as score * gamma**(wait/tau), rounded
+        so that mathematically equal keys tie exactly and fall back to row order."""
         aging_clock = math.floor(view.now / self.recompute_s) * self.recompute_s
         wait = np.maximum(aging_clock - view.arrival_s[rows], 0.0)
-        return score * np.exp(self._log_gamma_per_s * wait)
+        log_key = np.log(np.maximum(score, 1e-300)) + self._log_gamma_per_s * wait
+        return np.round(log_key, KEY_DECIMALS)
 
     def decode_keys(self, view: SchedulerView, rows):
         return self.aged(view, rows, remaining(view, rows))
 
     def admission_keys(self, view: SchedulerView, rows):
-        return self.aged(view, rows, np.maximum(view.predicted[rows], 1.0))
+        return self.aged(view, rows, view.predicted[rows])
 
     def describe(self) -> dict:
         return {"name": self.name, "gamma": self.gamma, "tau_s": self.tau_s, "recompute_s": self.recompute_s}
