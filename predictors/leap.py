@@ -73,7 +73,7 @@ import numpy as np
 
 from predictors.base import PendingUpdate, Predictor, PredictorCost, PredictorOptions
 from simulator.io import atomic_write_bytes, cache_dir
-from simulator.trace import Trace, TraceError, load_trace
+from simulator.trace import Trace, TraceError, load_trace, trace_from_arrays
 
 DEFAULT_COLUMN = "feat_last"
 DEFAULT_TARGET = "sqrt"
@@ -617,6 +617,30 @@ def fit_readout(train: Trace, column: str | tuple[str, ...] = DEFAULT_COLUMN, ta
     return readout, (A if want_gram else None)
 
 
+# Decode-time refresh (the paper's Table 2 ablation). Re-reading the tapped layer during decode
+# means copying one request's state to the CPU at a step boundary, which breaks the asynchronous
+# pipeline: charged as a small GPU stall per refreshed request (an estimate: ~10 us for the D2H
+# copy of one 8 KB vector plus ~10 us of synchronisation; no GPU was available to measure it).
+REFRESH_GPU_S = 20e-6
+
+
+def fit_decode_readout(train: Trace, layer: int, *, use_cache: bool = True) -> LinearReadout:
+    """Ridge read-out of sqrt(remaining tokens) from decode-time states of ``layer`` in ``train``'s
+    decode side table: the refresh model, trained like the prefill one (same CV, clip, square)."""
+    rows, generated, vectors = train.decode_vectors(layer)
+    remaining = train.output_tokens[rows] - generated
+    keep = remaining >= 1
+    if keep.sum() < 10:
+        raise TraceError(f"trace {train.name}: too few decode states at layer {layer} to train a refresh "
+                         f"read-out ({int(keep.sum())})")
+    samples = trace_from_arrays(f"{train.name}-decode-L{layer}", np.ones(int(keep.sum()), dtype=np.int32),
+                                remaining[keep], max_tokens=train.output_cap,
+                                features={DEFAULT_COLUMN: vectors[keep]},
+                                metadata={"layers": {DEFAULT_COLUMN: int(layer)}})
+    readout, _ = fit_readout(samples, DEFAULT_COLUMN, DEFAULT_TARGET, use_cache=use_cache)
+    return readout
+
+
 # ----------------------------------------------------------------------------- predictors
 def _tap_fraction(metadata: dict, column: str) -> float:
     layer = (metadata.get("layers") or {}).get(column)
@@ -641,9 +665,10 @@ class Leap(Predictor):
     target = DEFAULT_TARGET
 
     def __init__(self, train_trace: str | os.PathLike | Trace = "lmsys", *, alpha: float | None = None,
-                 use_cache: bool = True):
+                 use_cache: bool = True, refresh: bool | None = None):
         if train_trace is None:
             raise ValueError(f"predictor {self.name!r} needs a training trace (--train-trace)")
+        self.use_refresh = bool(refresh)
         self._train_spec = train_trace
         self._alpha = alpha
         self._use_cache = use_cache
@@ -656,7 +681,7 @@ class Leap(Predictor):
         extra = options.extra or {}
         alpha = extra.get("leap_alpha")
         return {"alpha": None if alpha is None else float(alpha),
-                "use_cache": bool(extra.get("leap_cache", True))}
+                "use_cache": bool(extra.get("leap_cache", True)), "refresh": options.refresh}
 
     @classmethod
     def from_options(cls, options: PredictorOptions) -> "Leap":
@@ -703,15 +728,51 @@ class Leap(Predictor):
         X = self._check_workload(workload)
         readout = self.readout
         self._pred = readout.output(readout.linear(readout.standardize(X, dtype=np.float32)))
+        self.refresh_every = None
+        if self.use_refresh:
+            self._bind_refresh(workload)
+
+    def _bind_refresh(self, workload: Trace) -> None:
+        """Estimates from every recorded decode state of the workload, looked up at refresh time."""
+        layer = self.readout.layer
+        every = workload.metadata.get("decode_every_k")
+        if layer is None or not every or workload.decode_path is None:
+            raise TraceError(f"predictor {self.name!r} with refresh needs a decode side table at layer {layer} "
+                             f"(decode_every_k in the metadata); trace {workload.name!r} has none")
+        decoder = fit_decode_readout(self.train_trace, layer, use_cache=self._use_cache)
+        rows, generated, vectors = workload.decode_vectors(layer)
+        if len(rows) == 0:
+            raise TraceError(f"trace {workload.name!r}: its decode side table has no states at layer {layer}")
+        self._decoder = decoder
+        self._dec_gen = generated
+        self._dec_total = generated + decoder.output(decoder.linear(decoder.standardize(vectors, dtype=np.float32)))
+        n = len(workload)
+        self._dec_start = np.searchsorted(rows, np.arange(n), side="left")
+        self._dec_end = np.searchsorted(rows, np.arange(n), side="right")
+        self.refresh_every = int(every)
 
     def predict(self, rows) -> np.ndarray:
         return self._pred[np.asarray(rows, dtype=np.int64)]
+
+    def refresh(self, rows, generated) -> np.ndarray:
+        """Total length = tokens generated when the latest recorded state was taken + its estimate
+        of the remaining tokens; rows without a newer state keep their current estimate."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = self._pred[rows].copy()
+        for i, (row, g) in enumerate(zip(rows.tolist(), np.asarray(generated).tolist())):
+            a, b = self._dec_start[row], self._dec_end[row]
+            j = a + int(np.searchsorted(self._dec_gen[a:b], g, side="right")) - 1
+            if j >= a:
+                out[i] = max(self._dec_total[j], g + 1.0)
+        self._pred[rows] = out
+        return out
 
     # -- cost and description -----------------------------------------------------------------
     def cost(self) -> PredictorCost:
         meta = self.workload.metadata if hasattr(self, "workload") else self.train_trace.metadata
         return PredictorCost(cpu_s_per_prediction=prediction_cpu_s(self.readout.d),
-                             tap_fraction=_tap_fraction(meta, self.column))
+                             tap_fraction=_tap_fraction(meta, self.column),
+                             gpu_s_per_refresh=REFRESH_GPU_S if self.use_refresh else 0.0)
 
     @property
     def prior_length(self) -> float:
@@ -721,6 +782,11 @@ class Leap(Predictor):
         out = {"name": self.name, **self.readout.describe()}
         out["cpu_s_per_prediction"] = prediction_cpu_s(self.readout.d)
         out["tap_fraction"] = self.cost().tap_fraction
+        out["refresh"] = self.use_refresh
+        if self.use_refresh and getattr(self, "_decoder", None) is not None:
+            out["refresh_every"] = self.refresh_every
+            out["refresh_readout"] = self._decoder.describe()
+            out["refresh_gpu_s"] = REFRESH_GPU_S
         return out
 
 
@@ -730,7 +796,9 @@ class LeapRLS(Leap):
     name = "leap-rls"
 
     def __init__(self, train_trace: str | os.PathLike | Trace = "lmsys", *, alpha: float | None = None,
-                 use_cache: bool = True, update_every: int = 8):
+                 use_cache: bool = True, update_every: int = 8, refresh: bool | None = None):
+        # no decode-time refresh: the online update re-scores from the prefill state, and the refresh
+        # ablation (Table 2) is run with frozen 'leap'
         super().__init__(train_trace, alpha=alpha, use_cache=use_cache)
         if update_every < 1:
             raise ValueError(f"update batch must be >= 1, got {update_every}")

@@ -173,6 +173,26 @@ class Trace:
         return Trace(name=self.name, path=self.path, table=sub, metadata=self.metadata,
                      content_hash=digest, steps=self.steps, decode_path=self.decode_path)
 
+    def decode_vectors(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(row, generated_tokens, vectors) of one tapped layer from the decode side table, for this
+        trace's own requests (works on a ``take`` sub-trace), sorted by (row, generated)."""
+        if self.decode_path is None:
+            raise TraceError(f"trace {self.name}: has no decode side table (NAME.decode.parquet)")
+        try:
+            table = pq.read_table(self.decode_path, filters=[("layer", "=", int(layer))])
+        except (OSError, pa.ArrowException) as exc:
+            raise TraceError(f"trace {self.decode_path}: not a readable Parquet file ({exc})") from None
+        _require_columns(self.decode_path, table, DECODE_COLUMNS)
+        index = {rid: i for i, rid in enumerate(self.request_id.tolist())}
+        ids = table.column("request_id").to_pylist()
+        keep = np.fromiter((rid in index for rid in ids), dtype=bool, count=len(ids))
+        rows = np.fromiter((index[rid] for rid, k in zip(ids, keep) if k), dtype=np.int64, count=int(keep.sum()))
+        table = table.filter(pa.array(keep))
+        generated = table.column("generated_tokens").to_numpy().astype(np.int64)
+        vectors = _vectors_to_numpy(table.column("vector"))
+        order = np.lexsort((generated, rows))
+        return rows[order], generated[order], vectors[order]
+
     def decode_features(self) -> pa.Table:
         """The decode side table (validated against this trace's ids)."""
         if self.decode_path is None:
