@@ -6,11 +6,17 @@ from policies.aging import Aging
 from policies.base import Policy, SchedulerView
 from policies.countdown import Countdown
 from policies.fcfs import FCFS
+from policies.ltr_starvation import LTRStarvation
+from policies.ssjf_starvation import SSJFStarvation
+from policies.trail_preemption import TrailPreemption
 
 POLICIES: dict[str, type[Policy]] = {
     "fcfs": FCFS,
     "countdown": Countdown,
     "aging": Aging,
+    "ssjf-starvation": SSJFStarvation,
+    "ltr-starvation": LTRStarvation,
+    "trail-preemption": TrailPreemption,
 }
 
 

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from predictors.base import PendingUpdate, Predictor, PredictorCost, PredictorOptions
+from predictors.egtp import EGTP
 from predictors.leap import Leap, LeapRLS
+from predictors.ltr import LTR
 from predictors.noisy_oracle import NoisyOracle
 from predictors.oracle import Oracle
+from predictors.ssjf import SSJF
+from predictors.tie import Tie
+from predictors.trail import Trail
 
 PREDICTORS: dict[str, type[Predictor]] = {
     "oracle": Oracle,
     "noisy-oracle": NoisyOracle,
     "leap": Leap,
     "leap-rls": LeapRLS,
+    "tie": Tie,
+    "ssjf": SSJF,
+    "ltr": LTR,
+    "trail": Trail,
+    "egtp": EGTP,
 }
 
 

@@ -114,6 +114,11 @@ class Predictor(ABC):
     def predict(self, rows: np.ndarray) -> np.ndarray:
         """Estimates for ``rows`` from the currently published state (float64 array)."""
 
+    def after_prefill(self, rows: np.ndarray) -> np.ndarray | None:
+        """Arrival-stage predictors that also read the serving model's prefill state (TRAIL) return
+        their updated estimates here; the GPU pays ``gpu_s_per_refresh`` per request. None = no change."""
+        return None
+
     def refresh(self, rows: np.ndarray, generated: np.ndarray) -> np.ndarray:
         """Re-estimated *total* lengths after ``generated`` tokens (only if ``refresh_every``)."""
         raise NotImplementedError(f"predictor {self.name!r} does not refresh")

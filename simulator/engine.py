@@ -93,6 +93,7 @@ class RunResult:
     updates_published: int
     sim_cpu_s: float
     step_log: StepLog | None = None
+    output_kind: str = "length"       # the predictor's output: "length", or "rank" (no MAE)
 
     @property
     def makespan_s(self) -> float:
@@ -175,7 +176,7 @@ class Simulation:
             output_tokens=self.length, predicted_tokens=self.first_predicted, predicted_ready_s=self.ready_s,
             forced_steps=self.forced_steps, steps=self.step, gpu_s_charged=self.gpu_s,
             predictor_cpu_s=self.cpu_s, updates_published=self.updates, sim_cpu_s=sim_cpu_s,
-            step_log=self.log)
+            step_log=self.log, output_kind=pred.output if pred is not None else "length")
 
     # ------------------------------------------------------------------ predictor plumbing
     def _set_predictions(self, rows: np.ndarray, values: np.ndarray, now: float) -> None:
@@ -338,6 +339,12 @@ class Simulation:
                 self.kv_used += prefill_tokens + len(admit)
                 if prefill_predictor:
                     self._predict_after_prefill(admit, now, duration)
+                elif pred is not None:
+                    observed = pred.after_prefill(admit)
+                    if observed is not None:
+                        self._set_predictions(admit, observed, end)
+                        if self.charge_cost:
+                            self.gpu_debt += self.cost.gpu_s_per_refresh * len(admit)
                 one_token = admit[length[admit] <= 1]
                 if len(one_token):
                     done = np.concatenate([done, one_token])

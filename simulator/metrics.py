@@ -44,7 +44,7 @@ def requests_table(result: RunResult) -> pa.Table:
     })
 
 
-def prediction_quality(predicted: np.ndarray, true: np.ndarray) -> dict:
+def prediction_quality(predicted: np.ndarray, true: np.ndarray, output_kind: str = "length") -> dict:
     from predictors.metrics import kendall_tau_b, mae_by_bucket, pairwise_order_accuracy, spearman
 
     mask = np.isfinite(predicted)
@@ -56,6 +56,8 @@ def prediction_quality(predicted: np.ndarray, true: np.ndarray) -> dict:
     out["spearman"] = _num(spearman(p, t))
     out["kendall_tau"] = _num(kendall_tau_b(p, t))
     out["pairwise_accuracy"] = _num(pairwise_order_accuracy(p, t))
+    if output_kind == "rank":   # a rank score has no length scale: order metrics only
+        return out
     buckets = mae_by_bucket(p, t)
     out["mae"] = _num(buckets["overall"])
     out["mae_le256"] = _num(buckets["<=256"]) if buckets.get("<=256") is not None else None
@@ -108,7 +110,7 @@ def summarize(result: RunResult, **context) -> dict:
         "predictor_cpu_s": _num(result.predictor_cpu_s),
         "prediction_late_mean_s": _mean(np.maximum(ready_late, 0.0)),
         "updates_published": int(result.updates_published),
-        **prediction_quality(result.predicted_tokens, result.output_tokens),
+        **prediction_quality(result.predicted_tokens, result.output_tokens, result.output_kind),
         "sim_cpu_s": _num(result.sim_cpu_s),
     }
     return {**context, **summary}

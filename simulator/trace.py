@@ -194,18 +194,21 @@ class Trace:
         return rows[order], generated[order], vectors[order]
 
     def decode_features(self) -> pa.Table:
-        """The decode side table (validated against this trace's ids)."""
+        """The decode side table, validated against the trace file's ids and restricted to this
+        trace's requests (so it also works on a ``take`` sub-trace)."""
         if self.decode_path is None:
             raise TraceError(f"trace {self.name}: has no decode side table")
         table = _read_parquet(self.decode_path)
         _require_columns(self.decode_path, table, DECODE_COLUMNS)
-        known = set(self.request_id.tolist())
+        known = set(pq.read_table(self.path, columns=["request_id"]).column("request_id").to_pylist()) \
+            if self.path is not None else set(self.request_id.tolist())
         ids = table.column("request_id").to_pylist()
         for row, rid in enumerate(ids):
             if rid not in known:
                 raise TraceError(f"trace {self.decode_path}: column request_id: row {row}: "
                                  f"unknown request id {rid!r}")
-        return table
+        mine = set(self.request_id.tolist())
+        return table.filter(pa.array([rid in mine for rid in ids]))
 
 
 def _vectors_to_numpy(column: pa.ChunkedArray) -> np.ndarray:

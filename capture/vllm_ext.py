@@ -1,0 +1,182 @@
+"""vLLM worker extension: forward hooks that capture hidden states, plus a per-step timer.
+
+Loaded inside vLLM's worker process via ``worker_extension_cls="capture.vllm_ext.CaptureExt"``
+(vLLM appends the class to the Worker's bases, so ``self.model_runner`` etc. exist).  Methods are
+prefixed ``ct_`` so they cannot clash with Worker attributes.  Only plain types cross the RPC
+boundary (lists, ints, floats, bytes).
+
+Semantics (V1 model runner, vLLM 0.8.5 .. 0.32):
+  * layer k = output of decoder block k (0-based) = residual stream = out[0] + out[1] for vLLM's
+    fused-residual Llama layers = HF ``hidden_states[k+1]``.
+  * last-prompt-token vector: the flattened row ``qsl[i] + (num_prompt_tokens[i]-1-num_computed[i])``
+    of the step whose chunk contains position prompt_len-1 (works with chunked prefill and prefix
+    caching); the first capture per request is kept (preemption re-prefills are ignored).
+  * decode vectors: for decode rows (one scheduled token at position p >= prompt_len) the hidden
+    state of the input token at p, i.e. after ``generated_tokens = p - prompt_len + 1`` tokens were
+    generated; sampled when generated_tokens % every == 0.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+
+class CaptureExt:
+    # ------------------------------------------------------------------ setup
+    def ct_install(self, last_layers, decode_layers, decode_every):
+        r = self.model_runner
+        layers = r.model.get_submodule("model.layers")
+        self._ct_num_layers = len(layers)
+        self._ct_last_layers = [int(x) for x in last_layers]
+        self._ct_dec_layers = [int(x) for x in decode_layers]
+        self._ct_every = int(decode_every) if decode_every else 0
+        self._ct_last = {k: {} for k in self._ct_last_layers}
+        self._ct_dec = []  # (req_id, generated_tokens, layer, tensor)
+        self._ct_steps = []  # dicts
+        self._ct_calls = 0
+        self._ct_stepinfo = None
+        tp = self.parallel_config.tensor_parallel_size
+        self._ct_capture = tp <= 1 or self.rank % tp == 0
+        try:
+            self._ct_block_size = int(self.cache_config.block_size)
+            self._ct_num_blocks = int(self.cache_config.num_gpu_blocks or 0)
+        except Exception:  # noqa: BLE001
+            self._ct_block_size, self._ct_num_blocks = 0, 0
+        self._ct_handles = []
+        for k in sorted(set(self._ct_last_layers) | set(self._ct_dec_layers)):
+            self._ct_handles.append(layers[k].register_forward_hook(self._ct_make_hook(k)))
+        # Step timer: wrap execute_model (and sample_tokens when the runner splits them).
+        self._ct_t0 = time.perf_counter()
+        self._ct_pending = None
+        orig_exec = r.execute_model
+        orig_sample = getattr(r, "sample_tokens", None)
+        ext = self
+
+        def execute_model(*a, **kw):
+            ext._ct_stepinfo = None
+            t = time.perf_counter()
+            out = orig_exec(*a, **kw)
+            if out is None and orig_sample is not None:
+                ext._ct_pending = t  # finished by sample_tokens
+            else:
+                ext._ct_record_step(t)
+            return out
+
+        r.execute_model = execute_model
+        if orig_sample is not None:
+            def sample_tokens(*a, **kw):
+                out = orig_sample(*a, **kw)
+                if ext._ct_pending is not None:
+                    ext._ct_record_step(ext._ct_pending)
+                    ext._ct_pending = None
+                return out
+
+            r.sample_tokens = sample_tokens
+        return {"num_layers": self._ct_num_layers, "block_size": self._ct_block_size,
+                "num_blocks": self._ct_num_blocks}
+
+    def _ct_record_step(self, t_start):
+        info = self._ct_stepinfo
+        self._ct_stepinfo = None
+        if info is None:
+            return  # no forward ran (empty / dummy step)
+        t_end = time.perf_counter()
+        info["wall_start_s"] = t_start - self._ct_t0
+        info["step_s"] = t_end - t_start
+        self._ct_steps.append(info)
+
+    # ------------------------------------------------------------------ hook
+    def _ct_make_hook(self, layer):
+        is_last = layer in self._ct_last
+        is_dec = layer in self._ct_dec_layers and self._ct_every > 0
+
+        def hook(mod, args, out):
+            if not self._ct_capture:
+                return
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                return
+            r = self.model_runner
+            ib = r.input_batch
+            n = ib.num_reqs
+            if n == 0:
+                return
+            self._ct_calls += 1
+            qsl_np = getattr(r, "query_start_loc_np", None)
+            if qsl_np is None:
+                qsl_np = r.query_start_loc.np
+            qsl = np.asarray(qsl_np[: n + 1], dtype=np.int64)
+            qlen = np.diff(qsl)
+            nprompt = np.asarray(ib.num_prompt_tokens[:n], dtype=np.int64)
+            ncomp = np.asarray(ib.num_computed_tokens_cpu[:n], dtype=np.int64)
+            if self._ct_stepinfo is None:
+                pre = ncomp < nprompt
+                bs = self._ct_block_size
+                kv = float("nan")
+                if bs and self._ct_num_blocks:
+                    kv = float(np.sum((ncomp + qlen + bs - 1) // bs)) / self._ct_num_blocks
+                self._ct_stepinfo = {
+                    "prefill_requests": int(np.sum(pre & (qlen > 0))),
+                    "prefill_tokens": int(np.sum(np.where(pre, qlen, 0))),
+                    "decode_requests": int(np.sum(~pre & (qlen > 0))),
+                    "decode_tokens": int(np.sum(np.where(~pre, qlen, 0))),
+                    "kv_usage": kv,
+                }
+            hs, res = out if isinstance(out, tuple) else (out, None)
+            rows_parts, tags = [], []
+            if is_last:
+                off = nprompt - 1 - ncomp
+                sel = np.nonzero((off >= 0) & (off < qlen))[0]
+                if len(sel):
+                    rows_parts.append(qsl[sel] + off[sel])
+                    tags.extend(("L", int(i), 0) for i in sel)
+            if is_dec:
+                gen = ncomp - nprompt + 1
+                sel = np.nonzero((qlen == 1) & (gen > 0) & (gen % self._ct_every == 0))[0]
+                if len(sel):
+                    rows_parts.append(qsl[sel])
+                    tags.extend(("D", int(i), int(gen[i])) for i in sel)
+            if not rows_parts:
+                return
+            rows = torch.from_numpy(np.concatenate(rows_parts))
+            idx = rows.to(hs.device, non_blocking=True) if hs.is_cuda else rows
+            vec = hs.index_select(0, idx)
+            if res is not None:
+                vec = vec + res.index_select(0, idx)
+            vec = vec.detach()
+            ids = ib.req_ids
+            buf = self._ct_last.get(layer)
+            for j, (kind, i, g) in enumerate(tags):
+                rid = ids[i]
+                if kind == "L":
+                    if rid not in buf:
+                        buf[rid] = vec[j]
+                else:
+                    self._ct_dec.append((rid, g, layer, vec[j]))
+
+        return hook
+
+    # ------------------------------------------------------------------ fetch
+    def ct_fetch(self):
+        """Drain buffers. Vectors come back as float32 bytes, row-major."""
+        out = {"last": {}, "dec": None, "steps": self._ct_steps, "calls": self._ct_calls}
+        self._ct_steps = []
+        for layer, buf in self._ct_last.items():
+            ids = list(buf)
+            if ids:
+                mat = torch.stack([buf[k] for k in ids]).float().cpu().numpy()
+                out["last"][str(layer)] = {"ids": ids, "dim": int(mat.shape[1]),
+                                           "data": mat.tobytes()}
+            buf.clear()
+        if self._ct_dec:
+            dec, self._ct_dec = self._ct_dec, []
+            mat = torch.stack([d[3] for d in dec]).float().cpu().numpy()
+            out["dec"] = {"ids": [d[0] for d in dec], "gen": [d[1] for d in dec],
+                          "layer": [d[2] for d in dec], "dim": int(mat.shape[1]),
+                          "data": mat.tobytes()}
+        return out
+
+    def ct_info(self):
+        return {"calls": self._ct_calls, "threads": torch.get_num_threads()}

@@ -1,0 +1,52 @@
+"""TRAIL's SPRPT with limited preemption (c = 0.8, the paper's value).
+
+Priority = predicted remaining (countdown). A request whose generated tokens exceed c x its
+INITIAL prediction (``view.first_predicted``: TRAIL's prompt-prior estimate) becomes
+non-preemptible: if it held a decode slot in the previous step (``view.last_served == step - 1``)
+it keeps it -- its key is put below every other key. At most ``decode_slots`` requests can hold
+slots, so the locked ones always fit.
+
+TRAIL also sorts such a request LAST in its waiting queue (priority +inf), which in SGLang only
+matters after a KV-pressure eviction; here a locked request that lost its slot (only possible when
+the engine's wait cap forces other requests in) competes again with its ordinary countdown key
+instead of being sent to the back. Admission: by predicted length (TRAIL's waiting-queue order by
+the prompt prior).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policies.base import Policy, SchedulerView
+from policies.countdown import remaining
+
+PREEMPTION_LIMIT = 0.8
+LOCKED_KEY = -1.0     # countdown keys are >= 0.5 (floor) and rank scores > 0
+
+
+class TrailPreemption(Policy):
+    name = "trail-preemption"
+
+    def __init__(self, c: float = PREEMPTION_LIMIT):
+        if c < 0:
+            raise ValueError(f"preemption limit c must be >= 0, got {c}")
+        self.c = float(c)
+
+    def locked(self, view: SchedulerView, rows: np.ndarray) -> np.ndarray:
+        if view.first_predicted is None or view.last_served is None:
+            return np.zeros(len(rows), dtype=bool)
+        init = view.first_predicted[rows]
+        with np.errstate(invalid="ignore"):
+            beyond = view.generated[rows] > self.c * init          # nan init -> False
+        running = view.last_served[rows] == view.step - 1
+        return beyond & running
+
+    def decode_keys(self, view: SchedulerView, rows):
+        keys = remaining(view, rows)
+        return np.where(self.locked(view, rows), LOCKED_KEY, keys)
+
+    def admission_keys(self, view: SchedulerView, rows):
+        return view.predicted[rows]
+
+    def describe(self) -> dict:
+        return {"name": self.name, "c": self.c}

@@ -1,0 +1,360 @@
+"""TRAIL (Shahout et al., ICLR 2025): an embedding probe refreshed during decode, Bayesian-smoothed.
+
+Two predictors, as in the paper:
+- Prompt prior, for WAITING requests (stage ``arrival``, so it may order admission). Paper:
+  distilbert-base-uncased fine-tuned as a 10-bin classifier. Here -- DEVIATION: the frozen
+  all-MiniLM-L6-v2 ``text_embedding`` (22M stand-in, no model hub) with DistilBERT's classifier head
+  shape, Linear(e,e) -> ReLU -> Linear(e,10) (384-384-10), cross-entropy on the bin of the total
+  length.
+- Embedding probe on the serving model's early-middle layer. Paper: layer 11 of 32 (Llama-3-8B),
+  MLP 4096-512-10, cross-entropy on the bin of the REMAINING length. Here: block 10 of SmolLM2's 30
+  (the trace's ``feat_mean`` layer, same relative depth), MLP d-512-10 (576-512-10), standardised
+  input. Training samples: every recorded decode vector (``NAME.decode.parquet`` rows of that
+  layer: the last token's state after g generated tokens, target L - g) plus one prefill sample per
+  request (``feat_mean``, the mean over prompt tokens -- what TRAIL's code feeds the probe at
+  prefill -- target L - 1). Split into train/validation by request.
+- Training (both): AdamW lr 1e-3, weight decay 0.01, batch 32, up to 200 epochs, early stopping on
+  a 10% by-request validation split (patience 20), seed 0, one thread. (Paper: lr 0.01 cosine, batch
+  32 for the probe; 1.6e-5 for DistilBERT.)
+
+Bins -- scaled to the trace: the paper's 10 equal-width bins over [0, 512] become 10 equal-width
+bins over [0, M] with M = the training trace's output cap (1,024 for the bundled traces), so
+bin_size = M / 10 = 102.4 tokens, midpoints 51.2, 153.6, ...; a remaining length >= M - bin_size
+falls in the last bin.
+
+Bayesian smoothing (TRAIL's ``trail_predictor.py``), :func:`smooth`: p = min(1, 1 / bin_size);
+T[0,0] = 1, T[i,i] = 1 - p, T[i,i-1] = p; at an observation k tokens after the previous one,
+prior = post_prev @ T^k and post ∝ prior ⊙ softmax(MLP(e)). The chain starts from the prompt
+prior's bin distribution at arrival (generated 0); the prefill observation is at generated 1.
+Estimate: remaining = sum_i post_i * mid_i, clamped to [1, M_w - g] (M_w = the run's cap); the
+predictor reports total = g + remaining, so ``countdown`` counts down exactly by one per token
+between refreshes.
+
+Refresh: ``refresh_every`` = the workload's recorded k (``decode_every_k``, 64 for the bundled
+traces; the paper refreshes every step, its code every 8). At a refresh after g generated tokens the
+request's latest recorded vector at or below g is used (recorded at multiples of k, so exactly g
+when aligned); if there is no vector newer than the last one used, the estimate is unchanged (no
+evidence is counted twice). The prefill observation (the serving model's prefill state) arrives through
+:meth:`Trail.after_prefill`, which the engine calls after the prefill step; the probe's GPU time
+for it is charged like a refresh.
+Without a decode side table (or with ``PredictorOptions.refresh = False``) TRAIL keeps the prompt
+prior and counts down.
+
+Scheduler: TRAIL is SPRPT on this estimate (``countdown``); its limited preemption (c = 0.8) is the
+policy ``trail-preemption``.
+
+Cost (:mod:`predictors.gpu_cost`): DistilBERT prior, 66M parameters of which 23.7M are embeddings,
+42.2M + 0.6M head streamed per call: per call 0.670 ms (6 layers x 0.1 ms + 4 head kernels + 86 MB
+at 2.345 TB/s), per prompt token 0.133 us (2 x 42.2M FLOP at 633 TFLOP/s); 200-token prompt alone:
+0.70 ms. Probe at the paper's size (4096-512-10, 2,102,794 parameters) per refreshed request:
+51.8 us (6 kernel dispatches x 8.3 us incl. the Bayesian update + 4.2 MB of weights read + 4.2 MFLOP),
+charged as if each refresh were its own call (upper bound).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from predictors.base import Predictor, PredictorCost, PredictorOptions
+from predictors.gpu_cost import DISTILBERT_BASE, describe_cost, encoder_cost, trail_refresh_s
+from predictors.heads import (Artifact, act, linear, merged_settings, new_artifact, resolve_artifact,
+                              softmax)
+from simulator.trace import Trace, TraceError
+
+METHOD = "trail"
+VERSION = 1
+DEFAULT_DECODE_LAYER = 10
+
+DEFAULTS = dict(prior_column="text_embedding", probe_column="feat_mean", bins=10, bin_max=0,
+                prior_hidden=0, probe_hidden=512, decode_layer=-1, epochs=200, patience=20, lr=1e-3,
+                weight_decay=0.01, batch=32, seed=0, val_frac=0.1)
+
+
+# ----------------------------------------------------------------------------- bins and smoothing
+def bin_edges(bin_max: float, k: int) -> np.ndarray:
+    return np.linspace(0.0, float(bin_max), k + 1)
+
+
+def bin_index(remaining, bin_max: float, k: int) -> np.ndarray:
+    size = float(bin_max) / k
+    return np.clip(np.floor(np.asarray(remaining, dtype=np.float64) / size), 0, k - 1).astype(np.int64)
+
+
+def transition_matrix(k: int, bin_size: float) -> np.ndarray:
+    """TRAIL's T: T[0,0] = 1; T[i,i] = 1 - p, T[i,i-1] = p for i > 0, p = min(1, 1/bin_size)."""
+    p = min(1.0, 1.0 / float(bin_size))
+    T = np.zeros((k, k))
+    T[0, 0] = 1.0
+    for i in range(1, k):
+        T[i, i] = 1.0 - p
+        T[i, i - 1] = p
+    return T
+
+
+def smooth(post_prev: np.ndarray, likelihood: np.ndarray, steps, T: np.ndarray) -> np.ndarray:
+    """One Bayesian update: (post_prev @ T^steps) ⊙ likelihood, renormalised (rows = requests)."""
+    post_prev = np.atleast_2d(post_prev)
+    likelihood = np.atleast_2d(likelihood)
+    steps = np.broadcast_to(np.asarray(steps, dtype=np.int64), (post_prev.shape[0],))
+    prior = np.empty_like(post_prev)
+    for s in np.unique(steps):
+        sel = steps == s
+        prior[sel] = post_prev[sel] @ np.linalg.matrix_power(T, int(s))
+    post = prior * likelihood
+    total = post.sum(axis=1, keepdims=True)
+    bad = ~(total[:, 0] > 0)
+    post[~bad] /= total[~bad]
+    post[bad] = prior[bad]          # a likelihood with no overlap: keep the prior (never happens for softmax)
+    return post
+
+
+# ----------------------------------------------------------------------------- decode side table
+def read_decode_vectors(trace: Trace, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row index into ``trace``, generated_tokens, vectors) of ``layer``, for the trace's own ids
+    only (works on a ``take`` sub-trace), sorted by (row, generated)."""
+    if trace.decode_path is None:
+        raise TraceError(f"trace {trace.name}: has no decode side table (NAME.decode.parquet)")
+    try:
+        table = pq.read_table(trace.decode_path, filters=[("layer", "=", int(layer))])
+    except (OSError, pa.ArrowException) as exc:
+        raise TraceError(f"trace {trace.decode_path}: not a readable Parquet file ({exc})") from None
+    for col in ("request_id", "generated_tokens", "layer", "vector"):
+        if col not in table.column_names:
+            raise TraceError(f"trace {trace.decode_path}: missing required column {col}")
+    ids = trace.request_id
+    index = {rid: i for i, rid in enumerate(ids.tolist())}
+    keep = pc.is_in(table.column("request_id"), value_set=pa.array(list(index), pa.string()))
+    table = table.filter(keep)
+    rows = np.fromiter((index[r] for r in table.column("request_id").to_pylist()), dtype=np.int64,
+                       count=table.num_rows)
+    gen = table.column("generated_tokens").to_numpy().astype(np.int64)
+    col = table.column("vector").combine_chunks()
+    width = col.type.list_size
+    vecs = col.values.to_numpy(zero_copy_only=False).reshape(len(col), width).astype(np.float32)
+    order = np.lexsort((gen, rows))
+    return rows[order], gen[order], vecs[order]
+
+
+def decode_layer_of(trace: Trace, settings: dict) -> int:
+    if settings.get("decode_layer", -1) >= 0:
+        return int(settings["decode_layer"])
+    layer = trace.feature_layer(settings["probe_column"])
+    return int(layer) if layer is not None else DEFAULT_DECODE_LAYER
+
+
+# ----------------------------------------------------------------------------- training
+def prior_spec(e: int, hidden: int, k: int) -> list[dict]:
+    return [linear("l0", e, hidden), act("relu"), linear("l1", hidden, k)]
+
+
+def probe_spec(d: int, hidden: int, k: int) -> list[dict]:
+    return [linear("l0", d, hidden), act("relu"), linear("l1", hidden, k)]
+
+
+def probe_samples(trace: Trace, settings: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(features, remaining length, request row) for the probe: prefill + recorded decode vectors."""
+    L = trace.output_tokens.astype(np.int64)
+    n = len(L)
+    X0 = trace.feature(settings["probe_column"])
+    feats, rem, grp = [X0], [np.maximum(L - 1, 0)], [np.arange(n)]
+    if trace.decode_path is not None:
+        rows, gen, vecs = read_decode_vectors(trace, decode_layer_of(trace, settings))
+        ok = gen < L[rows]
+        feats.append(vecs[ok])
+        rem.append(L[rows[ok]] - gen[ok])
+        grp.append(rows[ok])
+    return np.concatenate(feats), np.concatenate(rem), np.concatenate(grp)
+
+
+def train(trace: Trace, settings: dict) -> Artifact:
+    from predictors import training as T
+    torch = T._torch()
+    k = int(settings["bins"])
+    bin_max = float(settings["bin_max"] or trace.output_cap)
+    L = trace.output_tokens.astype(np.float64)
+    # prompt prior: bin of the total length
+    E = trace.feature(settings["prior_column"])
+    hp = int(settings["prior_hidden"]) or E.shape[1]
+    pspec = prior_spec(E.shape[1], hp, k)
+    Et, e_mean, e_scale = T.standardized_tensor(E)
+    yb = torch.as_tensor(bin_index(L, bin_max, k))
+    torch.manual_seed(settings["seed"])
+    prior = {"prior": T.build_module(pspec)}
+
+    def prior_loss(idx, validation=False):
+        idx = torch.as_tensor(idx)
+        return torch.nn.functional.cross_entropy(prior["prior"](Et[idx]), yb[idx])
+
+    common = dict(epochs=settings["epochs"], lr=settings["lr"], weight_decay=settings["weight_decay"],
+                  batch=settings["batch"], seed=settings["seed"], val_frac=settings["val_frac"],
+                  patience=settings["patience"])
+    notes_prior = T.fit(prior, prior_loss, len(L), **common)
+    # probe: bin of the remaining length, prefill + decode samples, split by request
+    X, rem, grp = probe_samples(trace, settings)
+    sspec = probe_spec(X.shape[1], int(settings["probe_hidden"]), k)
+    Xt, x_mean, x_scale = T.standardized_tensor(X)
+    rb = torch.as_tensor(bin_index(rem, bin_max, k))
+    probe = {"probe": T.build_module(sspec)}
+
+    def probe_loss(idx, validation=False):
+        idx = torch.as_tensor(idx)
+        return torch.nn.functional.cross_entropy(probe["probe"](Xt[idx]), rb[idx])
+
+    notes_probe = T.fit(probe, probe_loss, len(rem), groups=grp, **common)
+    arrays = {**T.export_module("prior", pspec, prior["prior"], e_mean, e_scale),
+              **T.export_module("probe", sspec, probe["probe"], x_mean, x_scale),
+              "out.bin_max": np.array(bin_max)}
+    return new_artifact(METHOD, VERSION, trace, settings, {"prior": pspec, "probe": sspec}, arrays,
+                        train_seconds=round(notes_prior["train_seconds"] + notes_probe["train_seconds"], 3),
+                        training={"prior": notes_prior, "probe": notes_probe},
+                        decode_layer=decode_layer_of(trace, settings), probe_samples=int(len(rem)))
+
+
+# ----------------------------------------------------------------------------- predictor
+class Trail(Predictor):
+    __doc__ = __doc__
+    name = METHOD
+    output = "length"
+    stage = "arrival"
+    requires = ("text_embedding", "feat_mean")
+
+    def __init__(self, artifact: Artifact, refresh: bool | None = None):
+        self.artifact = artifact
+        s = artifact.settings
+        self.prior_column, self.probe_column = s.get("prior_column", "text_embedding"), s.get("probe_column", "feat_mean")
+        self.requires = (self.prior_column, self.probe_column)
+        self.k = int(s.get("bins", 10))
+        self.bin_max = float(artifact.arrays["out.bin_max"])
+        self.bin_size = self.bin_max / self.k
+        self.mid = (np.arange(self.k) + 0.5) * self.bin_size
+        self.T = transition_matrix(self.k, self.bin_size)
+        self.decode_layer = int(artifact.meta.get("decode_layer", DEFAULT_DECODE_LAYER))
+        self._prior, self._probe = artifact.head("prior"), artifact.head("probe")
+        self.use_refresh = refresh
+        self.refresh_every = None
+
+    @classmethod
+    def from_options(cls, options: PredictorOptions) -> "Trail":
+        settings = merged_settings(DEFAULTS, options.extra)
+        return cls(resolve_artifact(METHOD, VERSION, settings, options.train_trace or "lmsys", train,
+                                    retrain=bool(options.extra.get("retrain"))), refresh=options.refresh)
+
+    @classmethod
+    def fit(cls, trace: Trace, **overrides) -> "Trail":
+        return cls(train(trace, merged_settings(DEFAULTS, overrides)))
+
+    # -- probabilities
+    def prior_probabilities(self, E) -> np.ndarray:
+        return softmax(self._prior(E))
+
+    def probe_probabilities(self, X) -> np.ndarray:
+        return softmax(self._probe(X))
+
+    def expected_remaining(self, post: np.ndarray) -> np.ndarray:
+        return np.atleast_2d(post) @ self.mid
+
+    # -- binding
+    def bind(self, workload, rng):
+        super().bind(workload, rng)
+        n = len(workload)
+        self.cap = float(workload.output_cap)
+        self.post = self.prior_probabilities(workload.feature(self.prior_column))
+        self.g_post = np.zeros(n, dtype=np.int64)          # generated count the posterior refers to
+        self.prefilled = np.zeros(n, dtype=bool)
+        self.used_g = np.zeros(n, dtype=np.int64)          # last decode vector consumed (0 = none)
+        self.total = self._estimate(np.arange(n), np.zeros(n, dtype=np.int64))
+        self._vec_start = self._vec_end = None
+        k = workload.metadata.get("decode_every_k")
+        if self.use_refresh is not False and workload.decode_path is not None and k:
+            rows, gen, vecs = read_decode_vectors(workload, self.decode_layer)
+            self._dec_gen, self._dec_vecs = gen, vecs
+            self._dec_lik = np.full((len(gen), self.k), np.nan)
+            self._vec_start = np.searchsorted(rows, np.arange(n), side="left")
+            self._vec_end = np.searchsorted(rows, np.arange(n), side="right")
+            self.refresh_every = int(k)
+        elif self.use_refresh is True:
+            raise TraceError(f"predictor 'trail': refresh asked but trace {workload.name!r} has no decode "
+                             f"side table with decode_every_k in its metadata")
+        else:
+            self.refresh_every = None
+
+    def _estimate(self, rows: np.ndarray, generated: np.ndarray) -> np.ndarray:
+        steps = generated - self.g_post[rows]
+        now = self.post[rows].copy()
+        for s in np.unique(steps):
+            if s > 0:
+                sel = steps == s
+                now[sel] = now[sel] @ np.linalg.matrix_power(self.T, int(s))
+        upper = np.maximum(self.cap - generated, 1.0)
+        return generated + np.clip(now @ self.mid, 1.0, upper)
+
+    def _observe(self, rows: np.ndarray, at_g: np.ndarray, likelihood: np.ndarray) -> None:
+        self.post[rows] = smooth(self.post[rows], likelihood, at_g - self.g_post[rows], self.T)
+        self.g_post[rows] = at_g
+
+    def _apply_prefill(self, rows: np.ndarray) -> None:
+        rows = rows[~self.prefilled[rows]]
+        if len(rows):
+            lik = self.probe_probabilities(self.workload.feature(self.probe_column)[rows])
+            self._observe(rows, np.ones(len(rows), dtype=np.int64), lik)
+            self.prefilled[rows] = True
+
+    # -- the interface
+    def predict(self, rows):
+        rows = np.asarray(rows, dtype=np.int64)
+        return self.total[rows]
+
+    def after_prefill(self, rows) -> np.ndarray:
+        """The prefill observation (serving-model state, mean over prompt tokens); total lengths."""
+        rows = np.asarray(rows, dtype=np.int64)
+        self._apply_prefill(rows)
+        self.total[rows] = self._estimate(rows, np.ones(len(rows), dtype=np.int64))
+        return self.total[rows]
+
+    def refresh(self, rows, generated):
+        rows = np.asarray(rows, dtype=np.int64)
+        generated = np.asarray(generated, dtype=np.int64)
+        just_prefilled = ~self.prefilled[rows]
+        self._apply_prefill(rows)
+        if self._vec_start is None:
+            if just_prefilled.any():
+                upd = rows[just_prefilled]
+                self.total[upd] = self._estimate(upd, generated[just_prefilled])
+            return self.total[rows]
+        start, end = self._vec_start[rows], self._vec_end[rows]
+        pick = np.full(len(rows), -1, dtype=np.int64)
+        for i, (a, b, g) in enumerate(zip(start, end, generated)):
+            if b > a:
+                j = a + int(np.searchsorted(self._dec_gen[a:b], g, side="right")) - 1
+                if j >= a and self._dec_gen[j] > self.used_g[rows[i]]:
+                    pick[i] = j
+        new = pick >= 0
+        fresh_rows = rows[new]
+        if len(fresh_rows):
+            idx = pick[new]
+            need = idx[np.isnan(self._dec_lik[idx, 0])]
+            if len(need):
+                self._dec_lik[need] = self.probe_probabilities(self._dec_vecs[need])
+            at = self._dec_gen[idx]
+            self._observe(fresh_rows, at, self._dec_lik[idx])
+            self.used_g[fresh_rows] = at
+        # rows with new evidence (a decode vector, or the prefill observation folded in just now)
+        changed = new | just_prefilled
+        upd = rows[changed]
+        if len(upd):
+            self.total[upd] = self._estimate(upd, generated[changed])
+        return self.total[rows]
+
+    def cost(self) -> PredictorCost:
+        enc = encoder_cost(DISTILBERT_BASE)
+        return PredictorCost(gpu_s_per_call=enc.gpu_s_per_call, gpu_s_per_request=enc.gpu_s_per_request,
+                             gpu_s_per_prompt_token=enc.gpu_s_per_prompt_token,
+                             gpu_s_per_refresh=trail_refresh_s())
+
+    def describe(self) -> dict:
+        return {"name": self.name, **self.artifact.describe(), "bins": self.k, "bin_max": self.bin_max,
+                "decode_layer": self.decode_layer, "refresh_every": self.refresh_every,
+                "encoder_charged": DISTILBERT_BASE.name, "cost": describe_cost(self.cost())}

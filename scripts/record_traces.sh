@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Re-record every bundled trace in traces/ (resumable: rerun the same command after a kill).
+#
+#   bash scripts/record_traces.sh                 # all traces, in order
+#   bash scripts/record_traces.sh lmsys alpaca    # only these
+#   bash scripts/record_traces.sh --finalize-partial   # before the work tree goes: write what is
+#                                                 # done so far as (partial) traces to commit
+#   nohup setsid bash scripts/record_traces.sh > ~/.cache/leap-sched/record.log 2>&1 &
+#
+# Environment: PY (python of the capture venv, default .venv-capture/bin/python), MODEL (model
+# directory, default ~/.cache/leap-sched/smollm2-135m-instruct as made by
+# scripts/setup_capture_env.sh), OUTDIR (default traces/), EXTRA (more flags for every trace,
+# e.g. "--threads 0-1" or, on a GPU box with another model, "--dtype bfloat16 --max-num-seqs 256
+# --layer 30 --mean-layer 11 --entropy-layer 35").
+#
+# Settings (chosen from a measurement on 64 AlpacaEval prompts, see capture/README.md):
+#   temperature 0.7, top-p 0.9, repetition penalty 1.1, one global seed 0, cap M = 1024;
+#   feat_last = block 24 (25/30 depth), feat_mean = block 10, entropy pooling on block 29;
+#   decode features: block 10 every 64 tokens (128: alpaca/math/multilingual), 24 lmsys+sharegpt 
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PY:-$ROOT/.venv-capture/bin/python}"
+MODEL="${MODEL:-$HOME/.cache/leap-sched/smollm2-135m-instruct}"
+OUTDIR="${OUTDIR:-$ROOT/traces}"
+EXTRA="${EXTRA:-}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+
+COMMON=(--model "$MODEL" --backend vllm --max-tokens 1024 --temperature 0.7 --top-p 0.9
+        --repetition-penalty 1.1 --seed 0 --layer 24 --mean-layer 10 --entropy-layer 29
+        --decode-every 64 --decode-layer 10 --resume)
+
+MODE=()
+if [ "${1:-}" = "--finalize-partial" ]; then   # write what is recorded so far, generate nothing
+    MODE=(--finalize-partial); shift
+fi
+WANT=" $* "
+
+rec() {  # rec NAME ARGS...
+    local name="$1"; shift
+    if [ "$WANT" != "  " ] && [[ "$WANT" != *" $name "* ]]; then return 0; fi
+    if [ ${#MODE[@]} -gt 0 ] && [ ! -e "$OUTDIR/$name.parquet" ] && [ ! -d "$OUTDIR/$name.parquet.parts" ]; then
+        return 0
+    fi
+    echo "=== $(date -u +%FT%TZ) $name ${MODE[*]}"
+    # shellcheck disable=SC2086
+    "$PY" -m capture.cli "${COMMON[@]}" --out "$OUTDIR/$name.parquet" "$@" "${MODE[@]}" $EXTRA
+}
+
+rec lmsys --prompts lmsys --decode-layer 24   # LEAP-layer decode features too: training data for the refresh experiment
+[ ${#MODE[@]} -gt 0 ] || [ ! -f "$OUTDIR/lmsys.parquet" ] || "$PY" -m capture.cli repack "$OUTDIR"/lmsys.parquet "$OUTDIR"/lmsys.*.parquet  # re-encode (smaller); a no-op for content
+rec sharegpt --prompts sharegpt@0:1600 --decode-layer 24
+# The remaining traces sample decode features every 128 tokens to keep traces/ near 80 MB.
+rec alpaca --prompts alpaca --decode-every 128
+rec math --prompts math500 --prompts gsm8k@0:600 --decode-every 128
+MGSM=(); for lg in bn de es fr ja ru sw te th zh; do MGSM+=(--prompts "mgsm-$lg@0:110"); done
+rec multilingual "${MGSM[@]}" --prompts arena-nonlatin --decode-every 128
+echo "=== $(date -u +%FT%TZ) all done"
