@@ -73,7 +73,6 @@ def train(trace: Trace, settings: dict) -> Artifact:
     labels = ltr_label(trace.output_tokens, settings["bucket"])
     spec = head_spec(X.shape[1], settings["hidden"])
     Xt, x_mean, x_scale = T.standardized_tensor(X)
-    lab = T.tensor(labels)
     size = int(settings["list_size"])
     torch.manual_seed(settings["seed"])
     mods = {"score": T.build_module(spec)}

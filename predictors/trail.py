@@ -54,9 +54,6 @@ charged as if each refresh were its own call (upper bound).
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from predictors.base import Predictor, PredictorCost, PredictorOptions
 from predictors.gpu_cost import DISTILBERT_BASE, describe_cost, encoder_cost, trail_refresh_s
@@ -112,32 +109,6 @@ def smooth(post_prev: np.ndarray, likelihood: np.ndarray, steps, T: np.ndarray) 
 
 
 # ----------------------------------------------------------------------------- decode side table
-def read_decode_vectors(trace: Trace, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(row index into ``trace``, generated_tokens, vectors) of ``layer``, for the trace's own ids
-    only (works on a ``take`` sub-trace), sorted by (row, generated)."""
-    if trace.decode_path is None:
-        raise TraceError(f"trace {trace.name}: has no decode side table (NAME.decode.parquet)")
-    try:
-        table = pq.read_table(trace.decode_path, filters=[("layer", "=", int(layer))])
-    except (OSError, pa.ArrowException) as exc:
-        raise TraceError(f"trace {trace.decode_path}: not a readable Parquet file ({exc})") from None
-    for col in ("request_id", "generated_tokens", "layer", "vector"):
-        if col not in table.column_names:
-            raise TraceError(f"trace {trace.decode_path}: missing required column {col}")
-    ids = trace.request_id
-    index = {rid: i for i, rid in enumerate(ids.tolist())}
-    keep = pc.is_in(table.column("request_id"), value_set=pa.array(list(index), pa.string()))
-    table = table.filter(keep)
-    rows = np.fromiter((index[r] for r in table.column("request_id").to_pylist()), dtype=np.int64,
-                       count=table.num_rows)
-    gen = table.column("generated_tokens").to_numpy().astype(np.int64)
-    col = table.column("vector").combine_chunks()
-    width = col.type.list_size
-    vecs = col.values.to_numpy(zero_copy_only=False).reshape(len(col), width).astype(np.float32)
-    order = np.lexsort((gen, rows))
-    return rows[order], gen[order], vecs[order]
-
-
 def decode_layer_of(trace: Trace, settings: dict) -> int:
     if settings.get("decode_layer", -1) >= 0:
         return int(settings["decode_layer"])
@@ -161,7 +132,7 @@ def probe_samples(trace: Trace, settings: dict) -> tuple[np.ndarray, np.ndarray,
     X0 = trace.feature(settings["probe_column"])
     feats, rem, grp = [X0], [np.maximum(L - 1, 0)], [np.arange(n)]
     if trace.decode_path is not None:
-        rows, gen, vecs = read_decode_vectors(trace, decode_layer_of(trace, settings))
+        rows, gen, vecs = trace.decode_vectors(decode_layer_of(trace, settings))
         ok = gen < L[rows]
         feats.append(vecs[ok])
         rem.append(L[rows[ok]] - gen[ok])
@@ -269,7 +240,7 @@ class Trail(Predictor):
         self._vec_start = self._vec_end = None
         k = workload.metadata.get("decode_every_k")
         if self.use_refresh is not False and workload.decode_path is not None and k:
-            rows, gen, vecs = read_decode_vectors(workload, self.decode_layer)
+            rows, gen, vecs = workload.decode_vectors(self.decode_layer)
             self._dec_gen, self._dec_vecs = gen, vecs
             self._dec_lik = np.full((len(gen), self.k), np.nan)
             self._vec_start = np.searchsorted(rows, np.arange(n), side="left")

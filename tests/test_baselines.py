@@ -295,7 +295,7 @@ def synth_test(synth_path):
 
 
 def test_trail_refresh_uses_recorded_vectors_and_counts_down_exactly(synth_test):
-    from predictors.trail import read_decode_vectors, smooth
+    from predictors.trail import smooth
     from policies.countdown import remaining
     test = synth_test
     trail = untrained_trail(test)
@@ -307,7 +307,7 @@ def test_trail_refresh_uses_recorded_vectors_and_counts_down_exactly(synth_test)
     prior = trail.post[row].copy()
     first = float(trail.predict(rows)[0])
     # by hand: prefill observation at g = 1, then the vector recorded at g = 64
-    drows, gen, vecs = read_decode_vectors(test, 10)
+    drows, gen, vecs = test.decode_vectors(10)
     vec64 = vecs[(drows == row) & (gen == 64)]
     assert len(vec64) == 1
     post = smooth(prior, trail.probe_probabilities(test.feature("feat_mean")[rows]), 1, trail.T)
