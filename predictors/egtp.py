@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from predictors.base import Predictor, PredictorCost, PredictorOptions
+from predictors.base import PredictorCost
 from predictors.gpu_cost import describe_cost, egtp_cost
-from predictors.heads import (Artifact, act, dropout, layernorm, linear, merged_settings, new_artifact,
-                              resolve_artifact, softmax)
+from predictors.heads import (Artifact, HeadPredictor, act, dropout, layernorm, linear, new_artifact,
+                              softmax)
 from simulator.trace import Trace
 
 METHOD = "egtp"
@@ -108,9 +108,12 @@ def train(trace: Trace, settings: dict) -> Artifact:
                         train_seconds=notes["train_seconds"], training=notes)
 
 
-class EGTP(Predictor):
+class EGTP(HeadPredictor):
     __doc__ = __doc__
-    name = METHOD
+    name = method = METHOD
+    version = VERSION
+    defaults = DEFAULTS
+    trainer = staticmethod(train)
     output = "length"
     stage = "prefill"
     requires = ("feat_entropy_pooled",)
@@ -123,15 +126,6 @@ class EGTP(Predictor):
         self.edges = np.asarray(artifact.arrays["out.edges"], dtype=np.float64)
         self.centres = 0.5 * (self.edges[:-1] + self.edges[1:])
 
-    @classmethod
-    def from_options(cls, options: PredictorOptions) -> "EGTP":
-        settings = merged_settings(DEFAULTS, options.extra)
-        return cls(resolve_artifact(METHOD, VERSION, settings, options.train_trace or "lmsys", train,
-                                    retrain=bool(options.extra.get("retrain"))))
-
-    @classmethod
-    def fit(cls, trace: Trace, **overrides) -> "EGTP":
-        return cls(train(trace, merged_settings(DEFAULTS, overrides)))
 
     def bin_probabilities(self, X) -> np.ndarray:
         return softmax(self._head(X))

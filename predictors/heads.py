@@ -29,10 +29,11 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import numpy as np
 
+from predictors.base import Predictor, PredictorOptions
 from simulator.io import atomic_write_bytes, cache_dir
 from simulator.trace import Trace, load_trace
 
@@ -268,3 +269,28 @@ def merged_settings(defaults: dict, extra: dict | None) -> dict:
         if k in settings:
             settings[k] = type(defaults[k])(v) if defaults[k] is not None and not isinstance(defaults[k], (list, tuple)) else v
     return settings
+
+
+class HeadPredictor(Predictor):
+    """A predictor whose weights are one :class:`Artifact` trained by its method's ``trainer``:
+    shipped, cached or trained on ``PredictorOptions.train_trace`` (see :func:`resolve_artifact`)."""
+
+    method: ClassVar[str]
+    version: ClassVar[int]
+    defaults: ClassVar[dict]
+    trainer: ClassVar[Callable[[Trace, dict], Artifact]]
+
+    @classmethod
+    def artifact_for(cls, options: PredictorOptions) -> Artifact:
+        return resolve_artifact(cls.method, cls.version, merged_settings(cls.defaults, options.extra),
+                                options.train_trace or "lmsys", cls.trainer,
+                                retrain=bool(options.extra.get("retrain")))
+
+    @classmethod
+    def from_options(cls, options: PredictorOptions) -> "HeadPredictor":
+        return cls(cls.artifact_for(options))
+
+    @classmethod
+    def fit(cls, trace: Trace, **overrides) -> "HeadPredictor":
+        """Train on an in-memory trace (tests, scripts), bypassing the caches."""
+        return cls(cls.trainer(trace, merged_settings(cls.defaults, overrides)))

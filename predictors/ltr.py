@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from predictors.base import Predictor, PredictorCost, PredictorOptions
+from predictors.base import PredictorCost
 from predictors.gpu_cost import OPT_125M, describe_cost, encoder_cost
-from predictors.heads import Artifact, act, linear, merged_settings, new_artifact, resolve_artifact
+from predictors.heads import Artifact, HeadPredictor, act, linear, new_artifact
 from simulator.trace import Trace
 
 METHOD = "ltr"
@@ -117,9 +117,12 @@ def train(trace: Trace, settings: dict) -> Artifact:
     return art
 
 
-class LTR(Predictor):
+class LTR(HeadPredictor):
     __doc__ = __doc__
-    name = METHOD
+    name = method = METHOD
+    version = VERSION
+    defaults = DEFAULTS
+    trainer = staticmethod(train)
     output = "rank"
     stage = "arrival"
     requires = ("text_embedding",)
@@ -131,15 +134,6 @@ class LTR(Predictor):
         self._head = artifact.head("score")
         self._top = float(artifact.arrays["out.score_top"])
 
-    @classmethod
-    def from_options(cls, options: PredictorOptions) -> "LTR":
-        settings = merged_settings(DEFAULTS, options.extra)
-        return cls(resolve_artifact(METHOD, VERSION, settings, options.train_trace or "lmsys", train,
-                                    retrain=bool(options.extra.get("retrain"))))
-
-    @classmethod
-    def fit(cls, trace: Trace, **overrides) -> "LTR":
-        return cls(train(trace, merged_settings(DEFAULTS, overrides)))
 
     def raw_score(self, X) -> np.ndarray:
         """The learned score s (higher = shorter)."""

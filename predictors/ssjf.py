@@ -30,10 +30,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from predictors.base import Predictor, PredictorCost, PredictorOptions
+from predictors.base import PredictorCost
 from predictors.gpu_cost import BERT_BASE, describe_cost, encoder_cost
-from predictors.heads import (Artifact, act, linear, merged_settings, new_artifact, resolve_artifact,
-                              softmax)
+from predictors.heads import Artifact, HeadPredictor, act, linear, new_artifact, softmax
 from simulator.trace import Trace
 
 METHOD = "ssjf"
@@ -91,9 +90,12 @@ def train(trace: Trace, settings: dict) -> Artifact:
                         class_counts=counts.astype(int).tolist())
 
 
-class SSJF(Predictor):
+class SSJF(HeadPredictor):
     __doc__ = __doc__
-    name = METHOD
+    name = method = METHOD
+    version = VERSION
+    defaults = DEFAULTS
+    trainer = staticmethod(train)
     output = "length"
     stage = "arrival"
     requires = ("text_embedding",)
@@ -106,15 +108,6 @@ class SSJF(Predictor):
         self.edges = np.asarray(artifact.arrays["out.edges"], dtype=np.float64)
         self.class_length = np.asarray(artifact.arrays["out.class_length"], dtype=np.float64)
 
-    @classmethod
-    def from_options(cls, options: PredictorOptions) -> "SSJF":
-        settings = merged_settings(DEFAULTS, options.extra)
-        return cls(resolve_artifact(METHOD, VERSION, settings, options.train_trace or "lmsys", train,
-                                    retrain=bool(options.extra.get("retrain"))))
-
-    @classmethod
-    def fit(cls, trace: Trace, **overrides) -> "SSJF":
-        return cls(train(trace, merged_settings(DEFAULTS, overrides)))
 
     def class_probabilities(self, X) -> np.ndarray:
         return softmax(self._head(X))

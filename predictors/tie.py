@@ -53,10 +53,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from predictors.base import Predictor, PredictorCost, PredictorOptions
+from predictors.base import PredictorCost, PredictorOptions
 from predictors.gpu_cost import DEBERTA_V3_BASE, describe_cost, encoder_cost
-from predictors.heads import (Artifact, act, dropout, layernorm, linear, merged_settings, new_artifact,
-                              resolve_artifact)
+from predictors.heads import Artifact, HeadPredictor, act, dropout, layernorm, linear, new_artifact
 from simulator.trace import Trace
 
 METHOD = "tie"
@@ -172,9 +171,12 @@ def train(trace: Trace, settings: dict) -> Artifact:
                         train_seconds=notes["train_seconds"], training=notes)
 
 
-class Tie(Predictor):
+class Tie(HeadPredictor):
     __doc__ = __doc__
-    name = METHOD
+    name = method = METHOD
+    version = VERSION
+    defaults = DEFAULTS
+    trainer = staticmethod(train)
     output = "length"
     stage = "arrival"
     requires = ("text_embedding",)
@@ -191,18 +193,8 @@ class Tie(Predictor):
         self._b0 = float(artifact.arrays["out.sigma_bias"])
 
     @classmethod
-    def settings_from(cls, options: PredictorOptions) -> dict:
-        return merged_settings(DEFAULTS, options.extra)
-
-    @classmethod
     def from_options(cls, options: PredictorOptions) -> "Tie":
-        art = resolve_artifact(METHOD, VERSION, cls.settings_from(options), options.train_trace or "lmsys",
-                               train, retrain=bool(options.extra.get("retrain")))
-        return cls(art, batch=int(options.extra.get("tie_batch", BATCH_B)))
-
-    @classmethod
-    def fit(cls, trace: Trace, **overrides) -> "Tie":
-        return cls(train(trace, merged_settings(DEFAULTS, overrides)))
+        return cls(cls.artifact_for(options), batch=int(options.extra.get("tie_batch", BATCH_B)))
 
     def distribution(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(mu, sigma) of the log-t length distribution for feature rows X."""

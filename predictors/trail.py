@@ -55,10 +55,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from predictors.base import Predictor, PredictorCost, PredictorOptions
+from predictors.base import PredictorCost, PredictorOptions
 from predictors.gpu_cost import DISTILBERT_BASE, describe_cost, encoder_cost, trail_refresh_s
-from predictors.heads import (Artifact, act, linear, merged_settings, new_artifact, resolve_artifact,
-                              softmax)
+from predictors.heads import Artifact, HeadPredictor, act, linear, new_artifact, softmax
 from simulator.trace import Trace, TraceError
 
 METHOD = "trail"
@@ -185,9 +184,12 @@ def train(trace: Trace, settings: dict) -> Artifact:
 
 
 # ----------------------------------------------------------------------------- predictor
-class Trail(Predictor):
+class Trail(HeadPredictor):
     __doc__ = __doc__
-    name = METHOD
+    name = method = METHOD
+    version = VERSION
+    defaults = DEFAULTS
+    trainer = staticmethod(train)
     output = "length"
     stage = "arrival"
     requires = ("text_embedding", "feat_mean")
@@ -209,13 +211,7 @@ class Trail(Predictor):
 
     @classmethod
     def from_options(cls, options: PredictorOptions) -> "Trail":
-        settings = merged_settings(DEFAULTS, options.extra)
-        return cls(resolve_artifact(METHOD, VERSION, settings, options.train_trace or "lmsys", train,
-                                    retrain=bool(options.extra.get("retrain"))), refresh=options.refresh)
-
-    @classmethod
-    def fit(cls, trace: Trace, **overrides) -> "Trail":
-        return cls(train(trace, merged_settings(DEFAULTS, overrides)))
+        return cls(cls.artifact_for(options), refresh=options.refresh)
 
     # -- probabilities
     def prior_probabilities(self, E) -> np.ndarray:
