@@ -119,9 +119,7 @@ class EGTP(HeadPredictor):
     requires = ("feat_entropy_pooled",)
 
     def __init__(self, artifact: Artifact):
-        self.artifact = artifact
-        self.column = artifact.settings.get("column", "feat_entropy_pooled")
-        self.requires = (self.column,)
+        super().__init__(artifact)
         self._head = artifact.head("egtp")
         self.edges = np.asarray(artifact.arrays["out.edges"], dtype=np.float64)
         self.centres = 0.5 * (self.edges[:-1] + self.edges[1:])

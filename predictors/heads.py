@@ -280,6 +280,12 @@ class HeadPredictor(Predictor):
     defaults: ClassVar[dict]
     trainer: ClassVar[Callable[[Trace, dict], Artifact]]
 
+    def __init__(self, artifact: Artifact):
+        """Single-input heads read ``settings["column"]`` (default: the class's ``requires``)."""
+        self.artifact = artifact
+        self.column = artifact.settings.get("column", self.requires[0])
+        self.requires = (self.column,)
+
     @classmethod
     def artifact_for(cls, options: PredictorOptions) -> Artifact:
         return resolve_artifact(cls.method, cls.version, merged_settings(cls.defaults, options.extra),

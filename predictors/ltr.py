@@ -128,9 +128,7 @@ class LTR(HeadPredictor):
     requires = ("text_embedding",)
 
     def __init__(self, artifact: Artifact):
-        self.artifact = artifact
-        self.column = artifact.settings.get("column", "text_embedding")
-        self.requires = (self.column,)
+        super().__init__(artifact)
         self._head = artifact.head("score")
         self._top = float(artifact.arrays["out.score_top"])
 

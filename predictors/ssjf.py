@@ -101,9 +101,7 @@ class SSJF(HeadPredictor):
     requires = ("text_embedding",)
 
     def __init__(self, artifact: Artifact):
-        self.artifact = artifact
-        self.column = artifact.settings.get("column", "text_embedding")
-        self.requires = (self.column,)
+        super().__init__(artifact)
         self._head = artifact.head("cls")
         self.edges = np.asarray(artifact.arrays["out.edges"], dtype=np.float64)
         self.class_length = np.asarray(artifact.arrays["out.class_length"], dtype=np.float64)

@@ -182,9 +182,7 @@ class Tie(HeadPredictor):
     requires = ("text_embedding",)
 
     def __init__(self, artifact: Artifact, batch: int = BATCH_B):
-        self.artifact = artifact
-        self.column = artifact.settings.get("column", "text_embedding")
-        self.requires = (self.column,)
+        super().__init__(artifact)
         self.nu = float(artifact.settings.get("nu", NU))
         self.batch = int(batch)
         self._mu_head, self._sigma_head = artifact.head("mu"), artifact.head("sigma")
