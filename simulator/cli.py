@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", help="bundled trace name or path to a trace .parquet "
                    f"(default: {DEFAULT_TRACES[0]}, else {DEFAULT_TRACES[1]})")
     p.add_argument("--predictor", help=f"comma list of {', '.join([*PREDICTORS, NO_PREDICTOR])}, or 'all' "
-                   f"(default: {DEFAULT_PREDICTOR} when the trace has hidden-state features, else oracle)")
+                   f"(default: FCFS and {DEFAULT_PREDICTOR} when the trace has hidden-state features, else FCFS and oracle)")
     p.add_argument("--policy", help=f"comma list of {', '.join(POLICIES)} (default: countdown, or fcfs "
                    "with --predictor none)")
     p.add_argument("--engine", default=DEFAULT_PROFILE, help=f"step-time profile: {', '.join(PROFILES)}")
@@ -123,8 +123,8 @@ def _configs(args) -> list[RunConfig]:
             raise UsageError(f"no bundled default trace ({' or '.join(DEFAULT_TRACES)}) in traces/; pass --trace")
     if args.predictor is None:
         trace = load_trace(trace_name)
-        predictors = [DEFAULT_PREDICTOR if trace.has_feature("feat_last") and DEFAULT_PREDICTOR in PREDICTORS
-                      else "oracle"]
+        predictors = [NO_PREDICTOR, DEFAULT_PREDICTOR if trace.has_feature("feat_last") and DEFAULT_PREDICTOR in
+                      PREDICTORS else "oracle"]   # FCFS beside the length-aware run, for comparison
     else:
         predictors = []
         for name in _split(args.predictor):

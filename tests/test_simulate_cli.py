@@ -191,3 +191,11 @@ def test_plots_need_out(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "simulator.cli", "--trace", TRACE, "--predictor", "oracle",
                            "--plots"], capture_output=True, text=True)
     assert proc.returncode == 2 and "--plots needs --out" in proc.stderr
+
+
+def test_default_run_compares_fcfs_with_a_length_aware_predictor(capsys):
+    rows = run_json(capsys, "--requests", "200")
+    assert [(r["predictor"], r["policy"]) for r in rows] == [("none", "fcfs"), ("oracle", "countdown")]
+    assert main(["--trace", "lmsys", "--requests", "200", "--json"]) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [(r["predictor"], r["policy"]) for r in rows] == [("none", "fcfs"), ("leap-rls", "countdown")]
