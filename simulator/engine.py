@@ -196,8 +196,8 @@ class Simulation:
 
     def _predict_after_prefill(self, rows: np.ndarray, start: float, duration: float) -> None:
         """Hidden-state predictors: the feature exists once prefill reaches the tapped layer."""
-        cpu = self.cost.cpu_s_per_prediction if self.charge_cost else 0.0
-        self.cpu_s += cpu * len(rows)
+        cpu = (self.cost.cpu_s_per_prediction if self.charge_cost else 0.0) * len(rows)  # one core, in turn
+        self.cpu_s += cpu
         ready = start + self.cost.tap_fraction * duration + cpu
         end = start + duration
         if ready <= end:
