@@ -10,7 +10,7 @@ import pytest
 
 from policies import make_policy
 from predictors import make_predictor
-from predictors.base import PredictorOptions
+from predictors.base import Predictor, PredictorCost, PredictorOptions
 from simulator.engine import EngineConfig, Simulation
 from simulator.profiles import make_profile
 from simulator.profiles.fitted import FittedProfile
@@ -170,3 +170,43 @@ def test_engine_config_validation():
         EngineConfig(decode_slots=0)
     with pytest.raises(ValueError, match="wait-cap"):
         EngineConfig(wait_cap=-1)
+
+
+class _SlowCPUPredictor(Predictor):
+    """A prefill-stage predictor whose CPU time may outlast the rest of the prefill step."""
+
+    name = "slow-cpu"
+    stage = "prefill"
+
+    def __init__(self, cpu_s, tap):
+        self._cost = PredictorCost(cpu_s_per_prediction=cpu_s, tap_fraction=tap)
+
+    def bind(self, workload, rng):
+        super().bind(workload, rng)
+
+    def predict(self, rows):
+        return np.full(len(rows), 7.0)
+
+    def cost(self):
+        return self._cost
+
+
+@pytest.mark.parametrize("cpu_s, tap, ready", [
+    (0.2, 0.5, 1.0),    # tapped at 0.5 s, CPU done at 0.7 s: ready by the end of the 1 s prefill step
+    (0.8, 0.5, 1.3),    # done at 1.3 s: 0.3 s late, i.e. max(0, CPU time - time left after the tap)
+    (0.0, 1.0, 1.0),
+])
+def test_hidden_state_prediction_ready_after_cpu_time(cpu_s, tap, ready):
+    trace = trace_from_arrays("cpu", [4], [10])
+    result = Simulation(trace, np.zeros(1), policy=make_policy("countdown"), predictor=_SlowCPUPredictor(cpu_s, tap),
+                        profile=UnitProfile(), config=EngineConfig()).run()
+    assert result.predicted_ready_s[0] == pytest.approx(ready)
+    assert result.predicted_tokens[0] == 7.0
+    assert result.predictor_cpu_s == pytest.approx(cpu_s)
+
+
+def test_no_prediction_cost_when_not_charged():
+    trace = trace_from_arrays("cpu", [4], [10])
+    result = Simulation(trace, np.zeros(1), policy=make_policy("countdown"), predictor=_SlowCPUPredictor(0.8, 0.5),
+                        profile=UnitProfile(), config=EngineConfig(), charge_cost=False).run()
+    assert result.predicted_ready_s[0] == 1.0 and result.predictor_cpu_s == 0.0
