@@ -191,18 +191,11 @@ def test_model_without_chat_template_exits_2(tmp_path, capsys):
 # ----------------------------------------------------------------------------- transformers
 
 
-@needs_hf
-def test_transformers_backend_matches_hf_and_resumes(tmp_path):
-    pf = _prompt_file(tmp_path)
-    out = tmp_path / "hf.parquet"
-    common = ["--model", str(MODEL), "--backend", "transformers", "--prompts", f"jsonl:{pf}",
-              "--limit", "8", "--max-tokens", "12", "--max-num-seqs", "2", "--decode-every", "4",
-              "--decode-layer", "10", "--layer", str(LAYER), "--out", str(out)]
-    if not HAVE_ENCODER:
-        common.append("--no-prefill-features")
-    # kill after the first finished batch, then resume
+def _run_then_kill_after_first_part(args, tmp_path, out) -> bool:
+    """Start a capture, SIGKILL its process group once the first generation part is written;
+    returns whether it was killed (False: it finished first)."""
     log = open(tmp_path / "first-run.log", "w")  # not a pipe: vLLM logs a lot and would block
-    proc = subprocess.Popen([sys.executable, "-m", "capture.cli", *common], cwd=ROOT, env=_env(),
+    proc = subprocess.Popen([sys.executable, "-m", "capture.cli", *args], cwd=ROOT, env=_env(),
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     parts = out.with_name(out.name + ".parts")
     deadline = time.time() + 600
@@ -215,6 +208,21 @@ def test_transformers_backend_matches_hf_and_resumes(tmp_path):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     log.close()
+    return killed
+
+
+@needs_hf
+def test_transformers_backend_matches_hf_and_resumes(tmp_path):
+    pf = _prompt_file(tmp_path)
+    out = tmp_path / "hf.parquet"
+    common = ["--model", str(MODEL), "--backend", "transformers", "--prompts", f"jsonl:{pf}",
+              "--limit", "8", "--max-tokens", "12", "--max-num-seqs", "2", "--decode-every", "4",
+              "--decode-layer", "10", "--layer", str(LAYER), "--out", str(out)]
+    if not HAVE_ENCODER:
+        common.append("--no-prefill-features")
+    # kill after the first finished batch, then resume
+    killed = _run_then_kill_after_first_part(common, tmp_path, out)
+    parts = out.with_name(out.name + ".parts")
     if killed:
         assert not out.exists()
     r = _run_cli(common + ["--resume"])
@@ -254,20 +262,7 @@ def test_vllm_backend_matches_hf_and_resumes(tmp_path):
               "--layer", str(LAYER), "--layer", "5", "--max-num-seqs", "4",
               "--max-num-batched-tokens", "256", "--kv-space-gib", "1", "--flush-every", "1",
               "--max-model-len", "2048", "--no-prefill-features", "--out", str(out)]
-    log = open(tmp_path / "first-run.log", "w")  # not a pipe: vLLM logs a lot and would block
-    proc = subprocess.Popen([sys.executable, "-m", "capture.cli", *common], cwd=ROOT, env=_env(),
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    parts = out.with_name(out.name + ".parts")
-    deadline = time.time() + 600
-    while time.time() < deadline and proc.poll() is None:
-        if list(parts.glob("gen-*.parquet")):
-            break
-        time.sleep(0.2)
-    killed = proc.poll() is None
-    if killed:
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    log.close()
+    killed = _run_then_kill_after_first_part(common, tmp_path, out)
     r = _run_cli(common + ["--resume"])
     assert r.returncode == 0, r.stderr[-3000:]
     ref = _hf_reference(pf, LAYER)
