@@ -25,33 +25,30 @@ def _vec_np(col) -> np.ndarray:
     return col.flatten().to_numpy(zero_copy_only=False).reshape(-1, d)
 
 
-def finalize(store, prompts, meta: dict, backend_info: dict | None, hidden: int, log=print):
-    ids = [p.request_id for p in prompts]
-    gen = store.read("gen")
-    if gen is None:
-        raise CaptureError(f"{store.out}: nothing recorded")
-    gen = dedupe_first(gen, ["request_id"])
-    have = set(gen.column("request_id").to_pylist())
+def _complete_rows(store, kind: str, ids, if_none: str, if_missing: str):
+    """The store's ``kind`` rows, first copy of each request, in ``ids`` order; every id present."""
+    rows = store.read(kind)
+    if rows is None:
+        raise CaptureError(if_none)
+    rows = dedupe_first(rows, ["request_id"])
+    have = set(rows.column("request_id").to_pylist())
     missing = [r for r in ids if r not in have]
     if missing:
-        raise CaptureError(f"{len(missing)} requests were not recorded (first {missing[0]}); "
-                           "rerun with --resume")
-    table = _rows_of(gen, ids)
+        raise CaptureError(f"{len(missing)} {if_missing} (first {missing[0]}); rerun with --resume")
+    return _rows_of(rows, ids)
+
+
+def finalize(store, prompts, meta: dict, backend_info: dict | None, hidden: int, log=print):
+    ids = [p.request_id for p in prompts]
+    table = _complete_rows(store, "gen", ids, f"{store.out}: nothing recorded",
+                           "requests were not recorded")
     column_backends = {c: (backend_info or {}).get("backend", "?")
                        for c in table.column_names if c.startswith("feat_last")}
     crosscheck = {}
     prefill_cols = []
     if meta["run_config"].get("prefill_features"):
-        feat = store.read("feat")
-        if feat is None:
-            raise CaptureError("prefill features missing; rerun with --resume")
-        feat = dedupe_first(feat, ["request_id"])
-        fhave = set(feat.column("request_id").to_pylist())
-        fmiss = [r for r in ids if r not in fhave]
-        if fmiss:
-            raise CaptureError(f"{len(fmiss)} requests lack prefill features (first {fmiss[0]}); "
-                               "rerun with --resume")
-        feat = _rows_of(feat, ids)
+        feat = _complete_rows(store, "feat", ids, "prefill features missing; rerun with --resume",
+                              "requests lack prefill features")
         for c in PREFILL_COLS:
             if c in feat.column_names:
                 table = table.append_column(c, feat.column(c))
