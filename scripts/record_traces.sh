@@ -48,11 +48,15 @@ rec() {  # rec NAME ARGS...
 }
 
 rec lmsys --prompts lmsys --decode-layer 24   # LEAP-layer decode features too: training data for the refresh experiment
-[ ${#MODE[@]} -gt 0 ] || [ ! -f "$OUTDIR/lmsys.parquet" ] || "$PY" -m capture.cli repack "$OUTDIR"/lmsys.parquet "$OUTDIR"/lmsys.*.parquet  # re-encode (smaller); a no-op for content
+[ ${#MODE[@]} -gt 0 ] || [ ! -f "$OUTDIR/lmsys.parquet" ] || { [ "$WANT" != "  " ] && [[ "$WANT" != *" lmsys "* ]]; } || "$PY" -m capture.cli repack "$OUTDIR"/lmsys.parquet "$OUTDIR"/lmsys.*.parquet  # re-encode (smaller); a no-op for content
 rec sharegpt --prompts sharegpt@0:1600 --decode-layer 24
 # The remaining traces sample decode features every 128 tokens to keep traces/ near 80 MB.
 rec alpaca --prompts alpaca --decode-every 128
-rec math --prompts math500 --prompts gsm8k@0:600 --decode-every 128
-MGSM=(); for lg in bn de es fr ja ru sw te th zh; do MGSM+=(--prompts "mgsm-$lg@0:110"); done
-rec multilingual "${MGSM[@]}" --prompts arena-nonlatin --decode-every 128
+# Sources are interleaved in slices, so that a partial recording (a run cut short) still covers
+# every source: vLLM admits requests in submission order.
+MATH=(); for i in 0 1 2 3 4; do MATH+=(--prompts "math500@$((i*100)):$((i*100+100))" --prompts "gsm8k@$((i*120)):$((i*120+120))"); done
+rec math "${MATH[@]}" --decode-every 128
+MGSM=(); for i in 0 1 2 3 4; do for lg in bn de es fr ja ru sw te th zh; do MGSM+=(--prompts "mgsm-$lg@$((i*22)):$((i*22+22))"); done
+    MGSM+=(--prompts "arena-nonlatin@$((i*27)):$((i*27+27))"); done
+rec multilingual "${MGSM[@]}" --decode-every 128
 echo "=== $(date -u +%FT%TZ) all done"

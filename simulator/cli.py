@@ -209,8 +209,11 @@ def run(argv: list[str] | None = None) -> int:
     if args.plots:
         from simulator.plots import _pyplot
         _pyplot()   # fail now, not after the runs, if matplotlib is missing
+    single = None   # a lone local run is executed from its check, not built twice
     for config in configs:   # every input checked (and capacity cached) before anything runs or is written
-        prepare(config)
+        prepared = prepare(config)
+        if len(configs) == 1 and args.executor == "local":
+            single = prepared
     jobs = args.jobs or os.cpu_count() or 1
     show_progress = not args.quiet and not args.json and sys.stderr.isatty()
     if show_progress:
@@ -218,9 +221,9 @@ def run(argv: list[str] | None = None) -> int:
         with Progress(transient=True) as bar:
             task = bar.add_task(f"{len(configs)} run(s)", total=len(configs))
             summaries = run_many(configs, out=args.out, jobs=jobs, executor=args.executor,
-                                 on_done=lambda: bar.advance(task))
+                                 on_done=lambda: bar.advance(task), prepared=single)
     else:
-        summaries = run_many(configs, out=args.out, jobs=jobs, executor=args.executor)
+        summaries = run_many(configs, out=args.out, jobs=jobs, executor=args.executor, prepared=single)
     add_relative_changes(summaries)
     if args.out is not None:
         write_results(args.out, summaries)

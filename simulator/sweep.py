@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from simulator.io import atomic_write_bytes, atomic_write_json, atomic_write_parquet
 from simulator.metrics import requests_table
-from simulator.runner import RunConfig, execute, prepare
+from simulator.runner import Prepared, RunConfig, execute, prepare
 
 EXECUTORS = ("local", "ray")
 
@@ -24,9 +24,9 @@ def run_slug(config: RunConfig) -> str:
     return f"{config.predictor}-{config.policy}-{config.load:g}x-seed{config.seed}"
 
 
-def run_one(config: RunConfig, out: str | None = None) -> dict:
-    """Prepare, run, optionally write the run's files; returns its summary (worker entry point)."""
-    prepared = prepare(config)
+def run_one(config: RunConfig, out: str | None = None, prepared: Prepared | None = None) -> dict:
+    """Prepare (unless given), run, optionally write the run's files; returns its summary."""
+    prepared = prepared if prepared is not None else prepare(config)
     summary, result = execute(prepared)
     if out is not None:
         target = Path(out)
@@ -64,8 +64,13 @@ def _ray_run(configs, outs, on_done):
 
 
 def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1, executor: str = "local",
-             on_done: Callable[[], None] = lambda: None) -> list[dict]:
-    """Run every configuration; with ``out``, each run writes to ``out/<slug>/`` (or ``out`` if one)."""
+             on_done: Callable[[], None] = lambda: None, prepared: Prepared | None = None) -> list[dict]:
+    """Run every configuration; with ``out``, each run writes to ``out/<slug>/`` (or ``out`` if one).
+
+    ``prepared`` (a single configuration only) is the caller's already prepared run, used as is
+    so that a checked run is not built twice."""
+    if prepared is not None and (len(configs) != 1 or prepared.config != configs[0]):
+        raise ValueError("run_many: prepared must belong to the single configuration given")
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r} (choose from {', '.join(EXECUTORS)})")
     if out is None:
@@ -76,6 +81,10 @@ def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1
         outs = [str(out / run_slug(c)) for c in configs]
     if executor == "ray":
         return _ray_run(configs, outs, on_done)
+    if prepared is not None:
+        summary = run_one(configs[0], outs[0], prepared)
+        on_done()
+        return [summary]
     if jobs <= 1 or len(configs) == 1:
         results = []
         for config, target in zip(configs, outs):
