@@ -29,10 +29,18 @@ class VLLMBackend(Backend):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_space_gib))
         if threads:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", threads)
+            if executor == "uni":   # vLLM binds OpenMP threads only in its multiprocess executor
+                cpus = parse_cpu_list(threads)
+                os.sched_setaffinity(0, cpus)
+                os.environ["OMP_NUM_THREADS"] = str(len(cpus))
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        import torch
         import vllm
         from vllm import EngineArgs, LLMEngine
+
+        if threads and executor == "uni":
+            torch.set_num_threads(len(parse_cpu_list(threads)))
 
         self.version = vllm.__version__
         self.log = log
@@ -179,3 +187,17 @@ class VLLMBackend(Backend):
             self.engine.engine_core.shutdown()
         except Exception:  # noqa: BLE001
             pass
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """CPU ids from a list such as "0", "0-1" or "0,2-3" (the VLLM_CPU_OMP_THREADS_BIND format)."""
+    cpus: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            cpus.extend(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise CaptureError(f"--threads {text!r}: expected CPU ids such as 0, 0-1 or 0,2-3") from None
+    if not cpus or not set(cpus) <= os.sched_getaffinity(0):
+        raise CaptureError(f"--threads {text!r}: CPUs must be among {sorted(os.sched_getaffinity(0))}")
+    return sorted(set(cpus))

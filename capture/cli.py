@@ -180,6 +180,9 @@ def _validate(args):
         raise CaptureError("--decode-every must be >= 0")
     if args.max_model_len <= args.max_tokens:
         raise CaptureError("--max-model-len must exceed --max-tokens")
+    if args.threads and args.backend == "vllm":
+        from .backend_vllm import parse_cpu_list
+        parse_cpu_list(args.threads)
     out = Path(args.out)
     if not out.name.endswith(".parquet"):
         raise CaptureError(f"--out must name a .parquet file: {out}")

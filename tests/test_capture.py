@@ -131,7 +131,7 @@ def _fake_model(tmp_path: Path, layers=30) -> Path:
 
 @pytest.mark.parametrize("case", ["missing_model", "layer_range", "decode_layer_range",
                                   "bad_prompt_file", "unknown_source", "bad_flag", "bad_int",
-                                  "no_outdir", "exists_no_resume", "bad_json"])
+                                  "no_outdir", "exists_no_resume", "bad_json", "bad_threads"])
 def test_bad_input_exits_2(tmp_path, capsys, case):
     model = _fake_model(tmp_path)
     out = tmp_path / "t.parquet"
@@ -148,6 +148,7 @@ def test_bad_input_exits_2(tmp_path, capsys, case):
         "no_outdir": ["--model", str(model), "--prompts", "alpaca", "--out",
                       str(tmp_path / "nodir" / "t.parquet")],
         "exists_no_resume": base,
+        "bad_threads": base + ["--threads", "0-4096"],
         "bad_json": ["--model", str(model), "--prompts", f"jsonl:{tmp_path}/bad.jsonl",
                      "--out", str(out)],
     }[case]
