@@ -44,6 +44,11 @@ RUNS = [
     ("sharegpt", "leap", "countdown", 1.5, 600, {}),
     ("sharegpt", "leap-rls", "countdown", 1.5, 600, {}),
     ("sharegpt", "leap", "aging", 1.5, 600, {}),
+    # Table 4 style: trained on lmsys, served on another domain, no prediction cost
+    ("alpaca", "leap-rls", "aging", 1.5, 400, {"charge_cost": False}),
+    ("alpaca", "egtp", "aging", 1.5, 400, {"charge_cost": False}),
+    ("math", "leap", "aging", 1.5, 400, {"charge_cost": False}),
+    ("multilingual", "leap-rls", "aging", 1.5, 400, {"charge_cost": False}),
 ]
 
 
@@ -54,8 +59,12 @@ def run_id(run) -> str:
 
 
 def available_runs() -> list[tuple]:
+    """Runs whose trace is bundled with at least the requests they use (recordings grow across sessions)."""
+    from simulator.trace import load_trace
+
     traces = set(bundled_trace_names())
-    return [r for r in RUNS if r[0] in traces and (r[1] == "none" or r[1] in PREDICTORS)]
+    return [r for r in RUNS if r[0] in traces and (r[1] == "none" or r[1] in PREDICTORS)
+            and len(load_trace(r[0])) >= r[4]]
 
 
 def compute(run) -> dict:
@@ -67,8 +76,10 @@ def compute(run) -> dict:
     trace, predictor, policy, load, requests, extra = run
     options = PredictorOptions(noise_mae=extra.get("noise_mae", 0.0))
     engine = EngineConfig(wait_cap=extra.get("wait_cap", 128))
+    cost = extra.get("charge_cost", True)
     config = RunConfig(trace=trace, predictor=predictor, policy=policy, load=load, requests=requests, seed=0,
-                       engine_config=engine, predictor_options=replace(options, seed=0))
+                       engine_config=engine, charge_cost=cost,
+                       predictor_options=replace(options, seed=0, charge_cost=cost))
     summary, _ = execute(prepare(config))
     return {k: summary.get(k) for k in FIELDS}
 
