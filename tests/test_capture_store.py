@@ -149,3 +149,21 @@ def test_report_helpers():
     y = X @ np.array([1.0, -2.0, 0.0, 0.5, 0.0]) + 3 + 0.01 * rng.normal(size=200)
     pred = Ridge(1.0).fit(X[:150], y[:150]).predict(X[150:])
     assert spearman(pred, y[150:]) > 0.99
+
+
+def test_resume_may_narrow_the_prompt_list(tmp_path):
+    """A recording planned over p0..p5 and resumed over p0..p2 (the rest handed to another shard)
+    finalizes with exactly p0..p2 and their decode rows, whatever else was recorded."""
+    out = tmp_path / "t.parquet"
+    ps = _prompts(6)
+    store = PartStore(out)
+    store.open(CONFIG, resume=False)
+    _write(store, ps, [_fin(ps[0]), _fin(ps[1], seed=1), _fin(ps[4], seed=4)])
+    narrowed = PartStore(out)
+    narrowed.open(CONFIG, resume=True)
+    _write(narrowed, ps, [_fin(ps[2], seed=2)])
+    finalize(narrowed, ps[:3], _meta(), {"backend": "test"}, hidden=D, log=lambda *a: None)
+    t = pq.read_table(out)
+    assert t.column("request_id").to_pylist() == [p.request_id for p in ps[:3]]
+    dec = pq.read_table(tmp_path / "t.decode.parquet")
+    assert set(dec.column("request_id").to_pylist()) == {p.request_id for p in ps[:3]}
