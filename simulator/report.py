@@ -4,6 +4,7 @@ Sections (each skipped with a note when its traces or predictors are not availab
 - Table 3 analogue: every predictor, prediction cost charged, serving trace, one load;
 - Table 4 analogue: train on lmsys, serve alpaca / math / multilingual at 1.5x, no prediction
   cost, the same waiting protection (TIE's exponential aging) for every method;
+- prediction quality (Spearman) per predictor and domain, trained on lmsys;
 - Table 2 analogue: TRAIL and LEAP with and without decode-time refresh;
 - Fig. 6 analogue: load sweep with plots;
 - arrivals replayed from the Azure 2023 conversation trace.
@@ -155,6 +156,33 @@ class Report:
             "(the paper's frozen LEAP -> LEAP+RLS step).\n\n"
             + "\n\n".join(blocks) + f"\n\n{PAPER_TABLE4}\n")
 
+    def quality_by_domain(self) -> None:
+        """Spearman of each predictor per domain (trained on lmsys): the shift behind Table 4."""
+        from predictors.evaluate import evaluate
+
+        names = [t for t in ("sharegpt", "alpaca", "math", "multilingual") if t in self.traces]
+        if "lmsys" not in self.traces or not names:
+            self.sections.append("## Prediction quality by domain\n\nSkipped: needs `lmsys` and a served trace.\n")
+            return
+        traces = [load_trace(t) for t in names]
+        if self.requests is not None:
+            import numpy as np
+            traces = [t.take(np.arange(min(self.requests, len(t)))) for t in traces]
+        preds = [p for p in ["leap", "leap-rls", *BASELINES] if p in PREDICTORS
+                 and all(self.runnable(t, p) for t in names)]
+        rows = evaluate(preds, traces, PredictorOptions(train_trace="lmsys", seed=self.seed))
+        table: dict[tuple, dict] = {}
+        for r in rows:
+            row = table.setdefault((r["trace"], r["domain"]), {"trace": f"`{r['trace']}`", "domain": r["domain"],
+                                                               "n": r["n"]})
+            row[r["predictor"]] = r["spearman"]
+        self.sections.append(
+            "## Prediction quality by domain (Spearman, trained on `lmsys`)\n\n"
+            "Each request is predicted before its own length is fed back (leap-rls streams the trace in "
+            "order, publishing every 8 requests).\n\n"
+            + markdown_table(list(table.values()), [("trace", "trace", ""), ("domain", "domain", ""),
+                                                    ("n", "n", "")] + [(p, p, ".3f") for p in preds]) + "\n")
+
     def table2(self, load: float) -> None:
         trace = self.serving_trace()
         preds = [p for p in ("trail", "leap") if p in PREDICTORS and self.runnable(trace, p)]
@@ -256,6 +284,7 @@ def main(argv=None) -> int:
         report = Report(args.out, args.requests, args.jobs, args.seed)
         report.table3(args.table3_load)
         report.table4(1.5)
+        report.quality_by_domain()
         report.table2(args.table3_load)
         report.load_sweep(loads)
         report.azure(1.0)

@@ -15,7 +15,7 @@ def test_report_runs_end_to_end(tmp_path, monkeypatch):
     from simulator.trace import bundled_trace_names
     for name in bundled_trace_names():   # every trace that fed it is listed, with its status
         assert f"| `{name}` |" in text
-    for heading in ("## Traces", "Table 3 analogue", "Table 4 analogue", "Table 2 analogue", "Fig. 6 analogue", "Azure"):
+    for heading in ("## Traces", "Prediction quality by domain", "Table 3 analogue", "Table 4 analogue", "Table 2 analogue", "Fig. 6 analogue", "Azure"):
         assert heading in text
     assert (tmp_path / "report" / "load-sweep" / "load_sweep.png").is_file()
     assert (tmp_path / "report" / "table3" / "results.csv").is_file()
