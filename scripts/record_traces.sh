@@ -6,6 +6,9 @@
 #   bash scripts/record_traces.sh --finalize-partial   # before the work tree goes: write what is
 #                                                 # done so far as (partial) traces to commit
 #   nohup setsid bash scripts/record_traces.sh > ~/.cache/leap-sched/record.log 2>&1 &
+#   # two recorders on a 2-core box, one core each (unpinned they thrash: capture/README.md):
+#   EXTRA="--threads 0" nohup setsid bash scripts/record_traces.sh sharegpt > ~/.cache/leap-sched/a.log 2>&1 &
+#   EXTRA="--threads 1" nohup setsid bash scripts/record_traces.sh math multilingual > ~/.cache/leap-sched/b.log 2>&1 &
 #
 # Environment: PY (python of the capture venv, default .venv-capture/bin/python), MODEL (model
 # directory, default ~/.cache/leap-sched/smollm2-135m-instruct as made by
