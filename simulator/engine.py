@@ -94,6 +94,7 @@ class RunResult:
     sim_cpu_s: float
     step_log: StepLog | None = None
     output_kind: str = "length"       # the predictor's output: "length", or "rank" (no MAE)
+    mae_in_use: float | None = None   # |estimate - true length| per decoded token, refreshes included
 
     @property
     def makespan_s(self) -> float:
@@ -130,6 +131,7 @@ class Simulation:
         self.generated = np.zeros(n, dtype=np.int64)
         self.predicted = np.zeros(n, dtype=np.float64)
         self.first_predicted = np.full(n, NOT_YET)
+        self.in_use_abs_error, self.in_use_decodes = 0.0, 0
         self.ready_s = np.full(n, NOT_YET)
         self.admit_s = np.full(n, NOT_YET)
         self.first_token_s = np.full(n, NOT_YET)
@@ -176,7 +178,8 @@ class Simulation:
             output_tokens=self.length, predicted_tokens=self.first_predicted, predicted_ready_s=self.ready_s,
             forced_steps=self.forced_steps, steps=self.step, gpu_s_charged=self.gpu_s,
             predictor_cpu_s=self.cpu_s, updates_published=self.updates, sim_cpu_s=sim_cpu_s,
-            step_log=self.log, output_kind=pred.output if pred is not None else "length")
+            step_log=self.log, output_kind=pred.output if pred is not None else "length",
+            mae_in_use=self.in_use_abs_error / self.in_use_decodes if self.in_use_decodes else None)
 
     # ------------------------------------------------------------------ predictor plumbing
     def _set_predictions(self, rows: np.ndarray, values: np.ndarray, now: float) -> None:
@@ -285,6 +288,7 @@ class Simulation:
         pred, profile, log = self.predictor, self.profile, self.log
         prefill_predictor = pred is not None and pred.stage == "prefill"
         refresh_every = pred.refresh_every if pred is not None else None
+        track_error = pred is not None and pred.output == "length"
         while self.finished < n:
             now = env.now
             arrived = int(np.searchsorted(arrival, now, side="right"))
@@ -300,6 +304,9 @@ class Simulation:
             ready = self.resident
             admit = self._admit(arrived)
             chosen, n_forced = self._choose_decodes(ready)
+            if track_error and len(chosen):   # error of the estimate each decoded request is scheduled on
+                self.in_use_abs_error += float(np.abs(self.predicted[chosen] - length[chosen]).sum())
+                self.in_use_decodes += len(chosen)
 
             prefill_tokens = int(prompt[admit].sum()) if len(admit) else 0
             prefill_sq = int(prompt_sq[admit].sum()) if len(admit) else 0

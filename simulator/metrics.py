@@ -111,6 +111,7 @@ def summarize(result: RunResult, **context) -> dict:
         "prediction_late_mean_s": _mean(np.maximum(ready_late, 0.0)),
         "updates_published": int(result.updates_published),
         **prediction_quality(result.predicted_tokens, result.output_tokens, result.output_kind),
+        "mae_in_use": _num(result.mae_in_use) if result.mae_in_use is not None else None,
         "sim_cpu_s": _num(result.sim_cpu_s),
     }
     return {**context, **summary}

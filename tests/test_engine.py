@@ -46,6 +46,13 @@ def test_seed_example_fcfs_and_countdown_exact():
     assert countdown.finish_s.mean() == 449.0
 
 
+def test_error_in_use_is_per_decoded_token():
+    """The oracle schedules on exact lengths (error 0); no predictor has no error to report."""
+    trace = trace_from_arrays("seed", [10, 10, 10], [1000, 50, 100])
+    assert run(trace, [0, 0, 0], "countdown", "oracle", decode_slots=1, wait_cap=0).mae_in_use == 0.0
+    assert run(trace, [0, 0, 0], "fcfs", decode_slots=1).mae_in_use is None
+
+
 def test_wait_cap_forces_a_starving_request():
     # one slot, countdown would starve the 1000-token request; the cap forces it every 3rd step
     trace = trace_from_arrays("cap", [1, 1], [20, 1000])

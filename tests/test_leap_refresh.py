@@ -89,6 +89,8 @@ def test_refresh_in_simulation_costs_gpu_time_and_frozen_leap_does_not(traces):
     assert results[False].gpu_s_charged == 0
     assert results[True].gpu_s_charged > 0
     assert np.isfinite(results[True].finish_s).all()
+    # the decode states encode the remaining length exactly, so refreshed estimates are closer still
+    assert results[True].mae_in_use < results[False].mae_in_use
 
 
 def test_refresh_needs_decode_table(traces, tmp_path):
