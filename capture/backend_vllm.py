@@ -27,20 +27,20 @@ class VLLMBackend(Backend):
             # busy-polls its shared-memory queue and burns a second core on a CPU host
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_space_gib))
+        pinned = parse_cpu_list(threads) if threads and executor == "uni" else None
         if threads:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", threads)
-            if executor == "uni":   # vLLM binds OpenMP threads only in its multiprocess executor
-                cpus = parse_cpu_list(threads)
-                os.sched_setaffinity(0, cpus)
-                os.environ["OMP_NUM_THREADS"] = str(len(cpus))
+            if pinned:   # vLLM binds OpenMP threads only in its multiprocess executor
+                os.sched_setaffinity(0, pinned)
+                os.environ["OMP_NUM_THREADS"] = str(len(pinned))
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         import torch
         import vllm
         from vllm import EngineArgs, LLMEngine
 
-        if threads and executor == "uni":
-            torch.set_num_threads(len(parse_cpu_list(threads)))
+        if pinned:
+            torch.set_num_threads(len(pinned))
 
         self.version = vllm.__version__
         self.log = log

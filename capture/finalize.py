@@ -38,6 +38,19 @@ def _complete_rows(store, kind: str, ids, if_none: str, if_missing: str):
     return _rows_of(rows, ids)
 
 
+def combine_crosscheck(acc: dict, other: dict, median_note: str) -> None:
+    """Fold ``other``'s per-column cross-check figures into ``acc``: worst error, rows summed
+    (the median of a union cannot be rebuilt from two medians, hence the note)."""
+    for name, cc in other.items():
+        mine = acc.get(name)
+        if mine is None:
+            acc[name] = dict(cc)
+            continue
+        mine["max_rel_err"] = max(mine.get("max_rel_err", 0.0), cc.get("max_rel_err", 0.0))
+        mine["rows"] = mine.get("rows", 0) + cc.get("rows", 0)
+        mine["median_rel_err_note"] = median_note
+
+
 def finalize(store, prompts, meta: dict, backend_info: dict | None, hidden: int, log=print):
     ids = [p.request_id for p in prompts]
     table = _complete_rows(store, "gen", ids, f"{store.out}: nothing recorded",
@@ -73,14 +86,8 @@ def finalize(store, prompts, meta: dict, backend_info: dict | None, hidden: int,
                                     "max_rel_err": float(rel.max()), "rows": int(ok.sum())}
     prev_cc = store.dir / "crosscheck_prev.json"
     if prev_cc.exists():  # rows recorded before a finalize-partial / extension
-        for name, old in json.loads(prev_cc.read_text()).items():
-            new = crosscheck.get(name)
-            if new is None:
-                crosscheck[name] = old
-            else:
-                new["max_rel_err"] = max(new["max_rel_err"], old.get("max_rel_err", 0.0))
-                new["rows"] = new.get("rows", 0) + old.get("rows", 0)
-                new["median_rel_err_note"] = "median over the rows of the latest runs only"
+        combine_crosscheck(crosscheck, json.loads(prev_cc.read_text()),
+                           "median over the rows of the latest runs only")
     # reorder: reference_output_tokens last, like the contract table
     order = [c for c in table.column_names if c != "reference_output_tokens"] + \
         ["reference_output_tokens"]

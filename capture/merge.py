@@ -13,14 +13,15 @@ anything is written, and every file is written atomically (side tables first, ma
 
 from __future__ import annotations
 
-import numpy as np
 import json
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import CaptureError
+from .finalize import combine_crosscheck
 from .store import META_KEY, atomic_write_table, read_meta, side_path
 
 
@@ -128,14 +129,7 @@ def merge(out, inputs) -> dict:
 def _merge_crosscheck(metas) -> dict:
     merged: dict = {}
     for m in metas:
-        for name, cc in (m.get("feat_last_crosscheck") or {}).items():
-            if name not in merged:
-                merged[name] = dict(cc)
-                continue
-            acc = merged[name]
-            acc["max_rel_err"] = max(acc.get("max_rel_err", 0.0), cc.get("max_rel_err", 0.0))
-            acc["rows"] = acc.get("rows", 0) + cc.get("rows", 0)
-            acc["median_rel_err_note"] = "median of the first shard only"
+        combine_crosscheck(merged, m.get("feat_last_crosscheck") or {}, "median of the first shard only")
     return merged
 
 

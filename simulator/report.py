@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.io import atomic_write_bytes
@@ -164,10 +166,8 @@ class Report:
         if "lmsys" not in self.traces or not names:
             self.sections.append("## Prediction quality by domain\n\nSkipped: needs `lmsys` and a served trace.\n")
             return
-        traces = [load_trace(t) for t in names]
-        if self.requests is not None:
-            import numpy as np
-            traces = [t.take(np.arange(min(self.requests, len(t)))) for t in traces]
+        traces = [load_trace(t) if self._n(t) is None else load_trace(t).take(np.arange(self._n(t)))
+                  for t in names]
         preds = [p for p in ["leap", "leap-rls", *BASELINES] if p in PREDICTORS
                  and all(self.runnable(t, p) for t in names)]
         rows = evaluate(preds, traces, PredictorOptions(train_trace="lmsys", seed=self.seed))
