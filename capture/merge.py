@@ -14,6 +14,8 @@ anything is written, and every file is written atomically (side tables first, ma
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +25,26 @@ import pyarrow.parquet as pq
 from . import CaptureError
 from .finalize import combine_crosscheck
 from .store import META_KEY, atomic_write_table, read_meta, side_path
+
+
+@dataclass
+class _Shard:
+    """One input trace, read whole before anything is written."""
+    path: Path
+    meta: dict
+    main: pa.Table
+    decode: pa.Table | None
+    steps: pa.Table | None
+    side_meta: dict  # side table name -> that table's own metadata
+
+    @classmethod
+    def read(cls, path: Path) -> "_Shard":
+        if not path.is_file():
+            raise CaptureError(f"no such file: {path}")
+        meta = read_meta(path)
+        side = {name: _side(path, name, meta) for name in ("decode", "steps")}
+        return cls(path, meta, pq.read_table(path), side["decode"] and side["decode"][0],
+                   side["steps"] and side["steps"][0], {k: v[1] for k, v in side.items() if v})
 
 
 def _side(path, name, meta):
@@ -52,35 +74,30 @@ def merge(out, inputs) -> dict:
     """Merge finished shard traces ``inputs`` into ``out``; returns the merged metadata."""
     if len(inputs) < 2:
         raise CaptureError("merge needs an output and at least two input traces")
-    shards = []
-    for path in inputs:
-        if not path.is_file():
-            raise CaptureError(f"no such file: {path}")
-        meta = read_meta(path)
-        shards.append((path, meta, pq.read_table(path), _side(path, "decode", meta), _side(path, "steps", meta)))
-    side_meta = {name: next((s[k][1] for s in shards if s[k] is not None), {})
-                 for name, k in (("decode", 3), ("steps", 4))}
-    shards = [(p, m, t, d and d[0], st and st[0]) for p, m, t, d, st in shards]
-    first_path, first_meta = shards[0][0], shards[0][1]
-    for path, meta, *_ in shards[1:]:
-        if meta.get("run_config") != first_meta.get("run_config"):
-            raise CaptureError(f"merge: {path} was recorded with other settings than {first_path} "
+    shards = [_Shard.read(path) for path in inputs]
+    side_meta = {name: next((s.side_meta[name] for s in shards if name in s.side_meta), {})
+                 for name in ("decode", "steps")}
+    first = shards[0]
+    for shard in shards[1:]:
+        if shard.meta.get("run_config") != first.meta.get("run_config"):
+            raise CaptureError(f"merge: {shard.path} was recorded with other settings than {first.path} "
                                "(run_config differs)")
     seen: dict[str, str] = {}
-    for path, _, table, *_ in shards:
-        for rid in table.column("request_id").to_pylist():
+    for shard in shards:
+        for rid in shard.main.column("request_id").to_pylist():
             if rid in seen:
-                raise CaptureError(f"merge: request {rid} is in both {seen[rid]} and {path.name}")
-            seen[rid] = path.name
+                raise CaptureError(f"merge: request {rid} is in both {seen[rid]} and {shard.path.name}")
+            seen[rid] = shard.path.name
 
-    main = _concat([s[2] for s in shards], "main")
-    decode = _concat([s[3] for s in shards], "decode")
+    main = _concat([s.main for s in shards], "main")
+    decode = _concat([s.decode for s in shards], "decode")
     steps_parts, runs, offset = [], [], 0
-    for path, meta, _, _, steps in shards:
-        shard_runs = [dict(r, run=int(r.get("run", i)) + offset, shard=path.name)
-                      for i, r in enumerate(meta.get("runs") or [])]
+    for shard in shards:
+        shard_runs = [dict(r, run=int(r.get("run", i)) + offset, shard=shard.path.name)
+                      for i, r in enumerate(shard.meta.get("runs") or [])]
         runs.extend(shard_runs)
         top = max([r["run"] for r in shard_runs] + [offset - 1])
+        steps = shard.steps
         if steps is not None:
             run_type = steps.schema.field("run").type
             steps = steps.set_column(steps.schema.get_field_index("run"), "run",
@@ -93,8 +110,8 @@ def merge(out, inputs) -> dict:
         steps = steps.set_column(steps.schema.get_field_index("step_index"), "step_index",
                                  pa.array(np.arange(steps.num_rows, dtype=np.int64)))
 
-    metas = [s[1] for s in shards]
-    meta = dict(first_meta)
+    metas = [s.meta for s in shards]
+    meta = dict(first.meta)
     domains: dict[str, int] = {}
     for d in main.column("domain").to_pylist():
         domains[d] = domains.get(d, 0) + 1
@@ -109,8 +126,8 @@ def merge(out, inputs) -> dict:
         "capture_date": max(str(m.get("capture_date", "")) for m in metas),
         "runs": runs,
         "feat_last_crosscheck": _merge_crosscheck(metas),
-        "merged_from": [{"file": p.name, "requests": t.num_rows, "complete": m.get("complete", True)}
-                        for p, m, t, *_ in shards],
+        "merged_from": [{"file": s.path.name, "requests": s.main.num_rows, "complete": s.meta.get("complete", True)}
+                        for s in shards],
         "side_tables": {},
     })
     # read everything above; now write: side tables first, the main file (which names them) last
@@ -135,7 +152,6 @@ def _merge_crosscheck(metas) -> dict:
 
 def merge_main(argv) -> int:
     import argparse
-    from pathlib import Path
 
     ap = argparse.ArgumentParser(prog="capture-traces merge",
                                  description="merge shard traces (same settings, disjoint prompts) into one")

@@ -59,7 +59,20 @@ rec alpaca --prompts alpaca --decode-every 128
 # every source: vLLM admits requests in submission order.
 MATH=(); for i in 0 1 2 3 4; do MATH+=(--prompts "math500@$((i*100)):$((i*100+100))" --prompts "gsm8k@$((i*120)):$((i*120+120))"); done
 rec math "${MATH[@]}" --decode-every 128
-MGSM=(); for i in 0 1 2 3 4; do for lg in bn de es fr ja ru sw te th zh; do MGSM+=(--prompts "mgsm-$lg@$((i*22)):$((i*22+22))"); done
-    MGSM+=(--prompts "arena-nonlatin@$((i*27)):$((i*27+27))"); done
-rec multilingual "${MGSM[@]}" --decode-every 128
+mgsm() {  # mgsm SLICE... -> the --prompts flags of those slices (each: 22 per MGSM language, 27 Arena)
+    local i lg
+    for i in "$@"; do for lg in bn de es fr ja ru sw te th zh; do printf -- '--prompts\nmgsm-%s@%d:%d\n' "$lg" $((i*22)) $((i*22+22)); done
+        printf -- '--prompts\narena-nonlatin@%d:%d\n' $((i*27)) $((i*27+27)); done
+}
+mapfile -t MGSM < <(mgsm 0 1 2 3 4)
+if [[ "$WANT" != *" multilingual-s"* ]]; then
+    rec multilingual "${MGSM[@]}" --decode-every 128
+fi
+# The same trace in two shards, one per core or machine, recorded only when named; then
+#   .venv-capture/bin/python -m capture.cli merge traces/multilingual.parquet traces/multilingual-s0.parquet traces/multilingual-s1.parquet
+if [[ "$WANT" == *" multilingual-s0 "* || "$WANT" == *" multilingual-s1 "* ]]; then
+    mapfile -t S0 < <(mgsm 0 1 2 3); mapfile -t S1 < <(mgsm 4)
+    rec multilingual-s0 "${S0[@]}" --decode-every 128
+    rec multilingual-s1 "${S1[@]}" --decode-every 128
+fi
 echo "=== $(date -u +%FT%TZ) all done"
