@@ -187,6 +187,8 @@ def _validate(args):
     if args.threads and args.backend == "vllm":
         from .backend_vllm import parse_cpu_list
         parse_cpu_list(args.threads)
+    elif args.threads and not (args.threads.isdigit() and int(args.threads) >= 1):
+        raise CaptureError(f"--threads {args.threads!r}: the transformers backend takes a thread count >= 1")
     out = Path(args.out)
     if not out.name.endswith(".parquet"):
         raise CaptureError(f"--out must name a .parquet file: {out}")
@@ -381,9 +383,17 @@ def _model_source(model_dir):
 
 
 def _hf_threads(args):
-    """torch threads for the transformers passes: --threads N, else 1 (on a shared small box more
-    threads than free cores make OpenMP spin and run several times slower)."""
-    if args.threads and args.threads.isdigit():
+    """torch threads for the transformers passes, default 1 (on a shared small box more threads
+    than free cores make OpenMP spin and run several times slower). With the vLLM backend
+    ``--threads`` is a CPU list: the prefill pass runs in this process before the engine starts, so
+    the process is pinned to those CPUs here already, one thread each (read as a count, "0" gave
+    torch its default of one thread per core and two pinned recorders thrashed in this pass)."""
+    if args.threads and args.backend == "vllm":
+        from .backend_vllm import parse_cpu_list
+        cpus = parse_cpu_list(args.threads)
+        os.sched_setaffinity(0, cpus)
+        return len(cpus)
+    if args.threads:
         return int(args.threads)
     return 1
 

@@ -131,7 +131,8 @@ def _fake_model(tmp_path: Path, layers=30) -> Path:
 
 @pytest.mark.parametrize("case", ["missing_model", "layer_range", "decode_layer_range",
                                   "bad_prompt_file", "unknown_source", "bad_flag", "bad_int",
-                                  "no_outdir", "exists_no_resume", "bad_json", "bad_threads"])
+                                  "no_outdir", "exists_no_resume", "bad_json", "bad_threads",
+                                  "bad_hf_threads"])
 def test_bad_input_exits_2(tmp_path, capsys, case):
     model = _fake_model(tmp_path)
     out = tmp_path / "t.parquet"
@@ -149,6 +150,7 @@ def test_bad_input_exits_2(tmp_path, capsys, case):
                       str(tmp_path / "nodir" / "t.parquet")],
         "exists_no_resume": base,
         "bad_threads": base + ["--threads", "0-4096"],
+        "bad_hf_threads": base + ["--backend", "transformers", "--threads", "0"],
         "bad_json": ["--model", str(model), "--prompts", f"jsonl:{tmp_path}/bad.jsonl",
                      "--out", str(out)],
     }[case]
@@ -165,6 +167,25 @@ def test_bad_input_exits_2(tmp_path, capsys, case):
     if case != "exists_no_resume":
         assert not out.exists()
     assert not out.with_name(out.name + ".parts").exists()
+
+
+def test_vllm_threads_pin_the_prefill_pass_too():
+    """With --backend vllm, --threads is a CPU list: "0" means CPU 0 (one thread, process pinned),
+    not a thread count of 0 (torch's default of a thread per core, which thrashed two recorders)."""
+    import os
+    from types import SimpleNamespace
+
+    from capture.cli import _hf_threads
+
+    before = os.sched_getaffinity(0)
+    cpu = min(before)
+    try:
+        assert _hf_threads(SimpleNamespace(backend="vllm", threads=str(cpu))) == 1
+        assert os.sched_getaffinity(0) == {cpu}
+    finally:
+        os.sched_setaffinity(0, before)
+    assert _hf_threads(SimpleNamespace(backend="transformers", threads="3")) == 3
+    assert _hf_threads(SimpleNamespace(backend="vllm", threads=None)) == 1
 
 
 @needs_hf
