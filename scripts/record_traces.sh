@@ -9,6 +9,8 @@
 #   # two recorders on a 2-core box, one core each (unpinned they thrash: capture/README.md):
 #   EXTRA="--threads 0" nohup setsid bash scripts/record_traces.sh sharegpt > ~/.cache/leap-sched/a.log 2>&1 &
 #   EXTRA="--threads 1" nohup setsid bash scripts/record_traces.sh math multilingual > ~/.cache/leap-sched/b.log 2>&1 &
+#   # or split multilingual between the cores: name its shards multilingual-s0 / multilingual-s1
+#   # (one per recorder); the recorder that finishes last merges them into multilingual.parquet
 #
 # Environment: PY (python of the capture venv, default .venv-capture/bin/python), MODEL (model
 # directory, default ~/.cache/leap-sched/smollm2-135m-instruct as made by
@@ -68,11 +70,17 @@ mapfile -t MGSM < <(mgsm 0 1 2 3 4)
 if [[ "$WANT" != *" multilingual-s"* ]]; then
     rec multilingual "${MGSM[@]}" --decode-every 128
 fi
-# The same trace in two shards, one per core or machine, recorded only when named; then
-#   .venv-capture/bin/python -m capture.cli merge traces/multilingual.parquet traces/multilingual-s0.parquet traces/multilingual-s1.parquet
-if [[ "$WANT" == *" multilingual-s0 "* || "$WANT" == *" multilingual-s1 "* ]]; then
+# The same trace in two shards, one per core or machine, recorded only when named (one recorder
+# each); whichever finishes last merges them into multilingual.parquet and removes the shards.
+if [[ "$WANT" == *" multilingual-s0 "* || "$WANT" == *" multilingual-s1 "* ]] && [ ! -f "$OUTDIR/multilingual.parquet" ]; then
     mapfile -t S0 < <(mgsm 0 1 2 3); mapfile -t S1 < <(mgsm 4)
     rec multilingual-s0 "${S0[@]}" --decode-every 128
     rec multilingual-s1 "${S1[@]}" --decode-every 128
+    SHARDS=("$OUTDIR"/multilingual-s0.parquet "$OUTDIR"/multilingual-s1.parquet)
+    if [ -f "${SHARDS[0]}" ] && [ -f "${SHARDS[1]}" ] && [ ! -d "${SHARDS[0]}.parts" ] && [ ! -d "${SHARDS[1]}.parts" ]; then
+        echo "=== $(date -u +%FT%TZ) merge multilingual"
+        "$PY" -m capture.cli merge "$OUTDIR"/multilingual.parquet "${SHARDS[@]}"
+        rm -f "${SHARDS[@]}" "$OUTDIR"/multilingual-s[01].decode.parquet "$OUTDIR"/multilingual-s[01].steps.parquet
+    fi
 fi
 echo "=== $(date -u +%FT%TZ) all done"
