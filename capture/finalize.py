@@ -160,7 +160,10 @@ def finalize(store, prompts, meta: dict, backend_info: dict | None, hidden: int,
                                       "wall_start_s": "seconds since the run's engine start; "
                                                       "`run` numbers resumed runs"})
     atomic_write_table(table, store.out, meta)
-    store.remove()
+    if meta.get("complete", True) is not False:
+        store.remove()
+    # else (a partial trace, --finalize-partial): the parts folder stays, so that a --resume here
+    # keeps the unfinished prompts' prefill features instead of recomputing them
     log(f"finalized {store.out}: {table.num_rows} requests"
         + (f", {dec.num_rows} decode rows" if dec is not None else "")
         + (f", {steps.num_rows} steps" if steps is not None else "")

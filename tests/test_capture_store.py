@@ -138,6 +138,29 @@ def test_final_trace_seeds_a_resume(tmp_path):
     assert pq.read_table(tmp_path / "t.decode.parquet").num_rows == 6
 
 
+def test_partial_finalize_keeps_the_parts(tmp_path):
+    """--finalize-partial writes the finished requests but keeps the parts folder: a resume then
+    still has the prefill features of prompts not yet generated (seeding from the final file
+    would drop them)."""
+    out = tmp_path / "t.parquet"
+    ps = _prompts(3)
+    store = PartStore(out)
+    store.open(CONFIG, resume=False)
+    _write(store, ps, [_fin(ps[0]), _fin(ps[1])])
+    store.write("feat", feat_table({"request_id": [ps[2].request_id], "feat_mean": [np.ones(D, np.float32)],
+                                    "feat_entropy_pooled": [np.ones(D, np.float32)],
+                                    "text_embedding": [np.ones(384, np.float32) / 384 ** 0.5]}, D))
+    finalize(store, ps[:2], dict(_meta(), complete=False), {"backend": "test"}, hidden=D, log=lambda *a: None)
+    assert pq.read_table(out).num_rows == 2 and store.dir.is_dir()
+    again = PartStore(out)
+    again.open(CONFIG, resume=True)
+    assert again.done_ids("feat") == {p.request_id for p in ps}
+    _write(again, ps, [_fin(ps[2])], with_feat=False)
+    finalize(again, ps, dict(_meta(), complete=True), {"backend": "test"}, hidden=D, log=lambda *a: None)
+    assert pq.read_table(out).column("request_id").to_pylist() == [p.request_id for p in ps]
+    assert not again.dir.exists()
+
+
 def test_report_helpers():
     from capture.report import Ridge, spearman
 
