@@ -46,15 +46,15 @@ PAPER_TABLE2 = ("Paper: refreshing during decode lowers prediction error but wor
 
 
 def _fmt(value, spec=".3f"):
-    if value is None:
-        return "-"
+    if value is None or (isinstance(value, float) and value != value):  # NaN: e.g. the rank
+        return "-"                                                       # correlation of a constant
     if isinstance(value, float):
         return format(value, spec)
     return str(value)
 
 
 def _pct(value):
-    return "-" if value is None else f"{value:+.1%}"
+    return "-" if value is None or value != value else f"{value:+.1%}"
 
 
 def markdown_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
@@ -179,7 +179,8 @@ class Report:
         self.sections.append(
             "## Prediction quality by domain (Spearman, trained on `lmsys`)\n\n"
             "Each request is predicted before its own length is fed back (leap-rls streams the trace in "
-            "order, publishing every 8 requests).\n\n"
+            "order, publishing every 8 requests). `-`: the predictor gave one value for the whole domain "
+            "(no rank order).\n\n"
             + markdown_table(list(table.values()), [("trace", "trace", ""), ("domain", "domain", ""),
                                                     ("n", "n", "")] + [(p, p, ".3f") for p in preds]) + "\n")
 

@@ -1,8 +1,14 @@
 """LEAP on the recorded traces (skipped until traces/lmsys.parquet and another featured trace exist).
 
-On the most shifted domain, the one where the frozen read-out ranks worst (as Aya in the paper;
-the RMS shift of its mean standardised feature is printed too), streaming leap-rls (predict each request, then feed its true length back,
-publish every 8) must not lose Spearman against the frozen read-out.
+On the most shifted domain, the served dataset where the frozen read-out ranks worst (as Aya in
+the paper; the RMS shift of its mean standardised feature is printed too), streaming leap-rls
+(predict each request, then feed its true length back, publish every 8) must not lose Spearman
+against the frozen read-out.
+
+A domain is a whole served trace, as the paper's Aya (many languages) and MATH are, not one of its
+sources: a source of ~85 requests (one MGSM language) gets ~10 updates and a Spearman standard
+error near 0.11, so its frozen-vs-online difference is noise (measured 2026-11-30: mgsm-ru -0.066
+frozen, -0.122 online; the whole multilingual trace, 860 requests: 0.135 -> 0.283).
 """
 
 import os
@@ -20,7 +26,7 @@ from simulator.trace import bundled_trace_names, load_trace, traces_dir
 
 TRAIN = "lmsys"
 MAX_ROWS = 4000          # keep the streamed evaluation to a few seconds
-MIN_ROWS = 64
+MIN_ROWS = 256           # enough requests (and RLS updates) for a rank difference to mean something
 
 pytestmark = pytest.mark.skipif(not (traces_dir() / f"{TRAIN}.parquet").is_file(),
                                 reason=f"{traces_dir() / (TRAIN + '.parquet')} not recorded yet")
@@ -36,15 +42,13 @@ def _most_shifted(readout, train_hash):
         X = trace.feature("feat_last")
         if X.shape[1] != readout.d or trace.feature_layer("feat_last") not in (None, readout.layer):
             continue
-        domains = trace.domain
-        for domain in dict.fromkeys(domains.tolist()):
-            idx = np.flatnonzero(domains == domain)[:MAX_ROWS]
-            if len(idx) < MIN_ROWS:
-                continue
-            rho = spearman(readout.predict(X[idx]), trace.output_tokens[idx])
-            shift = float(np.sqrt(np.mean(readout.standardize(X[idx]).mean(axis=0) ** 2)))
-            if best is None or rho < best[0]:
-                best = (rho, shift, trace, str(domain), idx)
+        idx = np.arange(min(len(trace.output_tokens), MAX_ROWS))
+        if len(idx) < MIN_ROWS:
+            continue
+        rho = spearman(readout.predict(X[idx]), trace.output_tokens[idx])
+        shift = float(np.sqrt(np.mean(readout.standardize(X[idx]).mean(axis=0) ** 2)))
+        if best is None or rho < best[0]:
+            best = (rho, shift, trace, name, idx)
     return best
 
 
@@ -55,7 +59,7 @@ def test_rls_does_not_lose_spearman_on_the_most_shifted_domain():
     readout = Leap(train).readout
     found = _most_shifted(readout, train.content_hash)
     if found is None:
-        pytest.skip("no other recorded trace with a compatible feat_last column and >= 64 requests")
+        pytest.skip(f"no other recorded trace with a compatible feat_last column and >= {MIN_ROWS} requests")
     _, shift, trace, domain, idx = found
     workload = trace.take(idx)
     frozen, _ = stream_predictions(Leap(train), workload)

@@ -25,3 +25,12 @@ def test_report_runs_end_to_end(tmp_path, monkeypatch):
 def test_report_bad_input(tmp_path, capsys):
     assert main(["--requests", "1", "--out", str(tmp_path)]) == 2
     assert "--requests must be >= 2" in capsys.readouterr().err
+
+
+def test_undefined_figures_print_as_a_dash():
+    """A NaN (e.g. the Spearman of a predictor that gave one value for a whole domain) is '-'."""
+    from simulator.report import markdown_table
+
+    table = markdown_table([{"s": float("nan"), "d": float("nan"), "x": 0.25}],
+                           [("s", "s", ".3f"), ("d", "d", "%"), ("x", "x", ".3f")])
+    assert table.splitlines()[-1] == "| - | - | 0.250 |"
