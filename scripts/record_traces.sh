@@ -72,7 +72,11 @@ if [[ "$WANT" != *" multilingual-s"* ]]; then
 fi
 # The same trace in two shards, one per core or machine, recorded only when named (one recorder
 # each); whichever finishes last merges them into multilingual.parquet and removes the shards.
-if [[ "$WANT" == *" multilingual-s0 "* || "$WANT" == *" multilingual-s1 "* ]] && [ ! -f "$OUTDIR/multilingual.parquet" ]; then
+complete() {  # complete TRACE: the file exists and its metadata does not say complete=false
+    [ -f "$1" ] && "$PY" -c 'import sys; from pathlib import Path; from capture.store import read_meta
+sys.exit(0 if read_meta(Path(sys.argv[1])).get("complete", True) is not False else 1)' "$1"
+}
+if [[ "$WANT" == *" multilingual-s0 "* || "$WANT" == *" multilingual-s1 "* ]] && ! complete "$OUTDIR/multilingual.parquet"; then
     mapfile -t S0 < <(mgsm 0 1 2 3); mapfile -t S1 < <(mgsm 4)
     rec multilingual-s0 "${S0[@]}" --decode-every 128
     rec multilingual-s1 "${S1[@]}" --decode-every 128
