@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import CaptureError
-from .store import atomic_write_table, dedupe_first, side_path
+from .store import atomic_write_table, dedupe_first, is_complete, side_path
 
 PREFILL_COLS = ("feat_mean", "feat_entropy_pooled", "text_embedding")
 
@@ -160,7 +160,7 @@ def finalize(store, prompts, meta: dict, backend_info: dict | None, hidden: int,
                                       "wall_start_s": "seconds since the run's engine start; "
                                                       "`run` numbers resumed runs"})
     atomic_write_table(table, store.out, meta)
-    if meta.get("complete", True) is not False:
+    if is_complete(meta):
         store.remove()
     # else (a partial trace, --finalize-partial): the parts folder stays, so that a --resume here
     # keeps the unfinished prompts' prefill features instead of recomputing them

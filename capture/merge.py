@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from . import CaptureError
 from .finalize import combine_crosscheck
-from .store import META_KEY, atomic_write_table, read_meta, side_path
+from .store import META_KEY, atomic_write_table, is_complete, read_meta, side_path
 
 
 @dataclass
@@ -119,14 +119,14 @@ def merge(out, inputs) -> dict:
     meta.update({
         "num_requests": main.num_rows,
         "planned_requests": sum(m.get("planned_requests") or m.get("num_requests") or 0 for m in metas),
-        "complete": all(m.get("complete", True) is not False for m in metas),
+        "complete": all(is_complete(m) for m in metas),
         "domains": domains,
         "prompt_sources": sources,
         "skipped_long_prompts": sum(m.get("skipped_long_prompts") or 0 for m in metas),
         "capture_date": max(str(m.get("capture_date", "")) for m in metas),
         "runs": runs,
         "feat_last_crosscheck": _merge_crosscheck(metas),
-        "merged_from": [{"file": s.path.name, "requests": s.main.num_rows, "complete": s.meta.get("complete", True)}
+        "merged_from": [{"file": s.path.name, "requests": s.main.num_rows, "complete": is_complete(s.meta)}
                         for s in shards],
         "side_tables": {},
     })

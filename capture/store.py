@@ -228,6 +228,12 @@ def dedupe_first(table: pa.Table, keys: list[str]) -> pa.Table:
     return table.take(pa.array(keep, type=pa.int64()))
 
 
+def is_complete(meta: dict) -> bool:
+    """A trace is complete unless its metadata says ``complete: false`` (a partial recording);
+    traces written before the flag existed are complete."""
+    return meta.get("complete", True) is not False
+
+
 def read_meta(path: Path) -> dict:
     try:
         md = pq.read_schema(path).metadata or {}

@@ -73,8 +73,8 @@ fi
 # The same trace in two shards, one per core or machine, recorded only when named (one recorder
 # each); whichever finishes last merges them into multilingual.parquet and removes the shards.
 complete() {  # complete TRACE: the file exists and its metadata does not say complete=false
-    [ -f "$1" ] && "$PY" -c 'import sys; from pathlib import Path; from capture.store import read_meta
-sys.exit(0 if read_meta(Path(sys.argv[1])).get("complete", True) is not False else 1)' "$1"
+    [ -f "$1" ] && "$PY" -c 'import sys; from pathlib import Path; from capture.store import is_complete, read_meta
+sys.exit(0 if is_complete(read_meta(Path(sys.argv[1]))) else 1)' "$1"
 }
 if [[ "$WANT" == *" multilingual-s0 "* || "$WANT" == *" multilingual-s1 "* ]] && ! complete "$OUTDIR/multilingual.parquet"; then
     mapfile -t S0 < <(mgsm 0 1 2 3); mapfile -t S1 < <(mgsm 4)

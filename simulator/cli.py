@@ -118,7 +118,7 @@ def _configs(args) -> list[RunConfig]:
     if trace_name is None:   # the recorded serving trace once it is complete, else the lengths-only one
         names = bundled_trace_names()
         trace_name = next((t for t in DEFAULT_TRACES if t in names
-                           and load_trace(t).metadata.get("complete", True) is not False), None)
+                           and load_trace(t).complete), None)
         if trace_name is None:
             raise UsageError(f"no bundled default trace ({' or '.join(DEFAULT_TRACES)}) in traces/; pass --trace")
     if args.predictor is None:

@@ -250,9 +250,8 @@ class Report:
             t = load_trace(name)
             meta = t.metadata
             planned = meta.get("planned_requests")
-            complete = meta.get("complete", True) is not False
             rows.append({"trace": f"`{name}`", "requests": len(t),
-                         "status": "complete" if complete else f"partial ({len(t)} of {planned} recorded)",
+                         "status": "complete" if t.complete else f"partial ({len(t)} of {planned} recorded)",
                          "model": meta.get("model_id", ""), "backend": meta.get("backend", ""),
                          "used": "" if self.requests is None else f"first {min(self.requests, len(t))}"})
         columns = [("trace", "trace", ""), ("requests", "requests", ""), ("status", "status", ""),

@@ -116,6 +116,11 @@ class Trace:
     def __len__(self) -> int:
         return self.table.num_rows
 
+    @property
+    def complete(self) -> bool:
+        """False for a partial recording (metadata ``complete: false``); older traces are complete."""
+        return self.metadata.get("complete", True) is not False
+
     @cached_property
     def request_id(self) -> np.ndarray:
         return np.asarray(self.table.column("request_id").to_pylist(), dtype=object)
