@@ -57,13 +57,14 @@ def atomic_write_table(table: pa.Table, path: Path, metadata: dict | None = None
 
 def write_options(schema: pa.Schema) -> dict:
     """zstd; dictionaries only for strings (they bloat float vectors by ~20 %); byte-stream-split
-    for float64 lists (token times: 5.5 instead of 9 bytes a token). float16 vectors stay plain."""
+    for every float list (token times: 5.5 instead of 9 bytes a token; float16/float32 vectors
+    5-7 % smaller, since the exponent bytes then compress apart from the noisy mantissas)."""
     dict_cols, bss = [], {}
     for f in schema:
         if pa.types.is_string(f.type) or pa.types.is_large_string(f.type):
             dict_cols.append(f.name)
         elif (pa.types.is_list(f.type) or pa.types.is_fixed_size_list(f.type)) and \
-                pa.types.is_float64(f.type.value_type):
+                pa.types.is_floating(f.type.value_type):
             bss[f"{f.name}.list.element"] = "BYTE_STREAM_SPLIT"
     return {"compression": "zstd", "use_dictionary": dict_cols or False,
             "column_encoding": bss or None}

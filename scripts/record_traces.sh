@@ -53,7 +53,6 @@ rec() {  # rec NAME ARGS...
 }
 
 rec lmsys --prompts lmsys --decode-layer 24   # LEAP-layer decode features too: training data for the refresh experiment
-[ ${#MODE[@]} -gt 0 ] || [ ! -f "$OUTDIR/lmsys.parquet" ] || { [ "$WANT" != "  " ] && [[ "$WANT" != *" lmsys "* ]]; } || "$PY" -m capture.cli repack "$OUTDIR"/lmsys.parquet "$OUTDIR"/lmsys.*.parquet  # re-encode (smaller); a no-op for content
 rec sharegpt --prompts sharegpt@0:1600 --decode-layer 24
 # The remaining traces sample decode features every 128 tokens to keep traces/ near 80 MB.
 rec alpaca --prompts alpaca --decode-every 128

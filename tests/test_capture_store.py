@@ -190,3 +190,26 @@ def test_resume_may_narrow_the_prompt_list(tmp_path):
     assert t.column("request_id").to_pylist() == [p.request_id for p in ps[:3]]
     dec = pq.read_table(tmp_path / "t.decode.parquet")
     assert set(dec.column("request_id").to_pylist()) == {p.request_id for p in ps[:3]}
+
+
+def test_float_lists_are_byte_stream_split_and_repack_keeps_content(tmp_path):
+    from capture.store import atomic_write_table, repack
+    rng = np.random.default_rng(0)
+    vec16 = pa.FixedSizeListArray.from_arrays(pa.array(rng.normal(size=4 * D).astype(np.float16)), D)
+    vec32 = pa.FixedSizeListArray.from_arrays(pa.array(rng.normal(size=4 * D).astype(np.float32)), D)
+    times = pa.array([[0.1, 0.2], None, [0.3], []], type=pa.list_(pa.float64()))
+    table = pa.table({"request_id": ["a", "b", "c", "d"], "v16": vec16, "v32": vec32, "t": times})
+    path = tmp_path / "x.parquet"
+    atomic_write_table(table, path, {"schema_version": 1})
+    encodings = {}
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    for i in range(meta.num_columns):
+        encodings[meta.column(i).path_in_schema] = meta.column(i).encodings
+    for col in ("v16.list.element", "v32.list.element", "t.list.element"):
+        assert "BYTE_STREAM_SPLIT" in encodings[col], (col, encodings[col])
+    assert "BYTE_STREAM_SPLIT" not in encodings["request_id"]
+    before = pq.read_table(path)
+    repack(path)
+    after = pq.read_table(path)
+    assert after.equals(before) and after.schema.metadata == before.schema.metadata
+    assert after.column("v16").type.value_type == pa.float16()
