@@ -152,13 +152,18 @@ def _configs(args) -> list[RunConfig]:
                                    refresh={"default": None, "on": True, "off": False}[args.refresh])
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    configs = []
+    configs, planned = [], set()
     seeds = range(args.seed, args.seed + args.seeds)
     for seed, load, predictor, policy in itertools.product(seeds, loads, predictors, policies):
         if policy is None:   # default: FCFS without a predictor, countdown with one
             policy = "fcfs" if predictor == NO_PREDICTOR else "countdown"
         if predictor == NO_PREDICTOR and POLICIES[policy].uses_predictions:
-            raise UsageError(f"policy {policy!r} needs a predictor; use --predictor or --policy fcfs")
+            if len(predictors) == 1:
+                raise UsageError(f"policy {policy!r} needs a predictor; use --predictor or --policy fcfs")
+            policy = "fcfs"   # beside predictors, `none` is the FCFS baseline the others compare to
+        if (seed, load, predictor, policy) in planned:
+            continue
+        planned.add((seed, load, predictor, policy))
         configs.append(RunConfig(trace=trace_name, predictor=predictor, policy=policy, engine=args.engine,
                                  load=load, arrivals=arrivals, requests=args.requests, seed=seed,
                                  engine_config=engine_config,
@@ -201,6 +206,21 @@ def _print_table(summaries: list[dict]) -> None:
     console.print(table)
 
 
+def _check_out(out: Path, run_dirs: list[Path]) -> None:
+    """Fail before any run if an output folder cannot be made (a file in the way, no permission)."""
+    for path in [out, *run_dirs]:
+        blocker = next((p for p in [path, *path.parents] if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            raise UsageError(f"--out {out}: {blocker} exists and is not a folder")
+    for path in [out, *run_dirs]:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--out {out}: cannot create {path} ({exc.strerror or exc})") from None
+    if not os.access(out, os.W_OK):
+        raise UsageError(f"--out {out}: folder is not writable")
+
+
 def run(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configs = _configs(args)
@@ -214,6 +234,8 @@ def run(argv: list[str] | None = None) -> int:
         prepared = prepare(config)
         if len(configs) == 1 and args.executor == "local":
             single = prepared
+    if args.out is not None:
+        _check_out(args.out, [args.out] if len(configs) == 1 else [args.out / run_slug(c) for c in configs])
     jobs = args.jobs or os.cpu_count() or 1
     show_progress = not args.quiet and not args.json and sys.stderr.isatty()
     if show_progress:

@@ -14,6 +14,15 @@ LONG_REQUEST_TOKENS = 1024
 REQUEST_COLUMNS = ("request_id", "arrival_s", "admit_s", "first_token_s", "finish_s", "output_tokens",
                    "prompt_tokens", "predicted_tokens", "forced_steps")
 
+#: Summary fields measured on this machine rather than simulated: shown on the console, never
+#: written to result files, so that the same seed writes the same bytes.
+MEASURED_FIELDS = ("sim_cpu_s",)
+
+
+def simulated_only(summary: dict) -> dict:
+    """The summary without its machine-measured fields (what result files hold)."""
+    return {k: v for k, v in summary.items() if k not in MEASURED_FIELDS}
+
 
 def _num(value) -> float | None:
     """JSON-safe float: NaN/inf become null."""

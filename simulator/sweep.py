@@ -14,7 +14,7 @@ from typing import Callable
 import pyarrow as pa
 
 from simulator.io import atomic_write_bytes, atomic_write_json, atomic_write_parquet
-from simulator.metrics import requests_table
+from simulator.metrics import requests_table, simulated_only
 from simulator.runner import Prepared, RunConfig, execute, prepare
 
 EXECUTORS = ("local", "ray")
@@ -33,7 +33,7 @@ def run_one(config: RunConfig, out: str | None = None, prepared: Prepared | None
         target.mkdir(parents=True, exist_ok=True)
         atomic_write_parquet(target / "requests.parquet", requests_table(result))
         atomic_write_json(target / "config.json", prepared.resolved)
-        atomic_write_json(target / "summary.json", summary)
+        atomic_write_json(target / "summary.json", simulated_only(summary))
     return summary
 
 
@@ -117,7 +117,7 @@ def write_results(out: Path, summaries: list[dict]) -> None:
 
     import pyarrow.csv as pacsv
 
-    table = results_table(summaries)
+    table = results_table([simulated_only(s) for s in summaries])
     atomic_write_parquet(out / "results.parquet", table)
     buffer = io.BytesIO()
     pacsv.write_csv(table, buffer)

@@ -80,6 +80,9 @@ def read_timestamps_csv(path: Path) -> np.ndarray:
         except ValueError as exc:
             raise ValueError(f"--arrivals {path}: unparseable timestamp ({exc})") from None
         values = np.array([(s - stamps[0]).total_seconds() for s in stamps])
+    if not np.isfinite(values).all():
+        i = int(np.flatnonzero(~np.isfinite(values))[0])
+        raise ValueError(f"--arrivals {path}: timestamp {i + 1} ({raw[i].strip()!r}) is not a finite number")
     values = np.sort(values - values.min())
     if values[-1] <= 0:
         raise ValueError(f"--arrivals {path}: all timestamps are equal")
@@ -111,7 +114,13 @@ def make_arrivals(spec: ArrivalSpec, workload: Trace, rate: float, seed: int) ->
         own = workload.arrival_s
         if own is None:
             raise ValueError(f"--arrivals trace: trace {workload.name!r} has no recorded arrival_s")
-        return rescale_to_rate(np.sort(own - own.min()), n, rate) if n > 1 else np.zeros(1)
+        if n == 1:
+            return np.zeros(1)
+        # rescale in time order, then give each request its own (rescaled) time back
+        order = np.argsort(own, kind="stable")
+        out = np.empty(n)
+        out[order] = rescale_to_rate(own[order] - own.min(), n, rate)
+        return out
     return rescale_to_rate(read_timestamps_csv(spec.csv_path), n, rate)
 
 

@@ -152,6 +152,17 @@ def test_trace_arrivals_need_recorded_times():
         make_arrivals(ArrivalSpec("trace"), load_trace("sharegpt-lengths"), 1.0, 0)
     trace = trace_from_arrays("t", [1, 1, 1], [1, 1, 1], arrival_s=[0.0, 1.0, 3.0])
     assert np.allclose(make_arrivals(ArrivalSpec("trace"), trace, 2.0, 0), [0.0, 1 / 3, 1.0])  # gaps 1:2, span (n-1)/rate
+    # rows not in arrival order keep their own times (rescaled), not the sorted sequence in row order
+    shuffled = trace_from_arrays("u", [1, 1, 1, 1], [1, 1, 1, 1], arrival_s=[30.0, 0.0, 20.0, 10.0])
+    assert np.allclose(make_arrivals(ArrivalSpec("trace"), shuffled, 1.0, 0), [3.0, 0.0, 2.0, 1.0])
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf"])
+def test_csv_arrivals_must_be_finite(tmp_path, bad):
+    path = tmp_path / "a.csv"
+    path.write_text(f"TIMESTAMP\n0\n1\n{bad}\n3\n")
+    with pytest.raises(ValueError, match=rf"timestamp 3 \('{bad}'\) is not a finite number"):
+        read_timestamps_csv(path)
 
 
 def test_capacity_is_saturated_fcfs_and_cached(tmp_path, monkeypatch):

@@ -80,6 +80,8 @@ def test_out_dir_files_and_byte_identical_reruns(tmp_path):
     assert summary["completed"] == 300
     assert config["seed"] == 3 and config["trace_name"] == TRACE and config["capacity_req_s"] > 0
     assert not list(tmp_path.glob("**/*.tmp"))
+    for name in ("summary.json", "config.json"):   # result files hold no machine-measured figure
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
 
 def test_azure_arrivals_and_unit_engine(capsys):
@@ -125,6 +127,26 @@ def test_bad_input_one_line_exit_2_no_output(tmp_path, args, message):
     assert message in lines[0]
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_out_blocked_by_a_file_fails_before_any_run(tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "oracle-countdown-1x-seed0").write_text("in the way")
+    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "--trace", TRACE, "--requests", "20",
+                           "--engine", "unit", "--predictor", "none,oracle", "--load", "1x", "--jobs", "1",
+                           "--out", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "exists and is not a folder" in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["oracle-countdown-1x-seed0"]   # nothing written
+
+
+def test_predictor_all_with_a_length_policy_keeps_fcfs_as_the_baseline(capsys):
+    rows = run_json(capsys, "--requests", "60", "--engine", "unit", "--predictor", "none,oracle,noisy-oracle",
+                    "--policy", "aging,countdown", "--load", "1.5x")
+    assert [(r["predictor"], r["policy"]) for r in rows] == [
+        ("none", "fcfs"), ("oracle", "aging"), ("oracle", "countdown"), ("noisy-oracle", "aging"), ("noisy-oracle", "countdown")]
+    assert all(r["vs_fcfs_mean_ptl_s"] is not None for r in rows)
 
 
 def test_malformed_trace_file(tmp_path):

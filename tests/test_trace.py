@@ -54,6 +54,8 @@ def test_good_trace_loads_with_features(tmp_path):
     (lambda t: t.set_column(4, "output_tokens", pa.array([10, 11, 99, 13, 14], pa.int32())),
      "row 2: 99 exceeds max_tokens 64"),
     (lambda t: t.set_column(3, "prompt_tokens", pa.array([1.0, 2, 3, 4, 5])), "column prompt_tokens: expected integer"),
+    (lambda t: t.append_column("arrival_s", pa.array([0.0, 1.0, float("nan"), 2.0, 3.0])),
+     "column arrival_s: row 2: nan is not a finite"),
 ])
 def test_bad_column_is_named_with_row(tmp_path, mutate, message):
     table = good_table()
@@ -102,6 +104,16 @@ def test_steps_side_table_validated(tmp_path):
                              "decode_requests": [0, 2]}), tmp_path / "s.steps.parquet")
     with pytest.raises(TraceError, match="s.steps.parquet: column step_s: row 1"):
         load_trace(tmp_path / "s.parquet")
+    pq.write_table(pa.table({"step_index": [0, 1], "step_s": [0.1, 0.2], "prefill_tokens": [3, None],
+                             "decode_requests": [0, 2]}), tmp_path / "s.steps.parquet")
+    with pytest.raises(TraceError, match="s.steps.parquet: column prefill_tokens: row 1: missing value"):
+        load_trace(tmp_path / "s.parquet")
+
+
+def test_null_arrival_times_mean_unknown(tmp_path):
+    table = good_table()
+    nulls = table.append_column("arrival_s", pa.array([0.0, None, 1.0, 2.0, 3.0], pa.float64()))
+    assert load_trace(write(tmp_path, nulls.replace_schema_metadata(table.schema.metadata))).arrival_s is None
 
 
 def test_decode_side_table_rejects_unknown_ids(tmp_path):
