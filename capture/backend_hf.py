@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from .backend import Backend, Finished
+from .model import load_causal_lm
 
 
 class HFBackend(Backend):
@@ -25,7 +26,7 @@ class HFBackend(Backend):
                  seed=0, batch_size=16, threads=None, log=print):
         import torch
         import transformers
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         if threads:
             torch.set_num_threads(int(threads))
@@ -36,8 +37,7 @@ class HFBackend(Backend):
         self.batch_size = batch_size
         self.log = log
         self.tok = AutoTokenizer.from_pretrained(str(model_dir))
-        self.model = AutoModelForCausalLM.from_pretrained(
-            str(model_dir), dtype=getattr(torch, dtype)).eval()
+        self.model = load_causal_lm(model_dir, getattr(torch, dtype))
         self.eos = self.model.generation_config.eos_token_id
         if isinstance(self.eos, int):
             self.eos = [self.eos]

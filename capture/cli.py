@@ -14,6 +14,7 @@ on stderr and exit with code 2, before anything is written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -106,9 +107,12 @@ def main(argv=None) -> int:
             return report_main(argv[1:])
         if argv[:1] == ["repack"]:
             from .store import repack
+            if not argv[1:]:
+                raise CaptureError("repack: name the trace files to rewrite (capture-traces repack FILE.parquet...)")
             for f in argv[1:]:
                 if not Path(f).is_file():
                     raise CaptureError(f"no such file: {f}")
+            for f in argv[1:]:
                 repack(Path(f))
             return 0
         if argv[:1] == ["merge"]:
@@ -130,6 +134,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         _err("interrupted; rerun with --resume to continue")
         return 130
+    except Exception as e:  # noqa: BLE001 -- a last net: one line, not a traceback (LEAP_DEBUG=1 shows it)
+        if os.environ.get("LEAP_DEBUG"):
+            raise
+        _err(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'failed'} (LEAP_DEBUG=1 for the traceback)")
+        return 1
 
 
 def _prepare_model(argv) -> int:
@@ -174,8 +183,9 @@ def _validate(args):
             setattr(args, name, None)
         elif not 0 <= k < nl:
             raise CaptureError(f"--{name.replace('_', '-')} {k} out of range: 0..{nl - 1} (or -1)")
-    if args.max_tokens < 1:
-        raise CaptureError("--max-tokens must be >= 1")
+    for flag in ("max_tokens", "max_num_seqs", "max_num_batched_tokens", "kv_space_gib", "flush_every"):
+        if getattr(args, flag) < 1:
+            raise CaptureError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.temperature < 0 or not 0 < args.top_p <= 1 or args.repetition_penalty <= 0:
         raise CaptureError("bad sampling parameters (temperature >= 0, 0 < top-p <= 1, repetition-penalty > 0)")
     if args.limit is not None and args.limit < 1:
@@ -200,6 +210,18 @@ def _validate(args):
     if (out.exists() or parts.exists()) and not (args.resume or args.overwrite):
         raise CaptureError(f"{out} (or its .parts) exists; use --resume to continue or --overwrite")
     return model_dir, cfg
+
+
+@contextlib.contextmanager
+def _discard_if_nothing_recorded(store, fresh: bool):
+    """A new recording that fails before its first row leaves no parts folder behind (which
+    would otherwise make a plain rerun ask for --resume)."""
+    try:
+        yield
+    except BaseException:
+        if fresh and store.dir.is_dir() and not store.done_ids("gen") and not store.done_ids("feat"):
+            store.discard()
+        raise
 
 
 def record(args) -> int:
@@ -278,100 +300,102 @@ def record(args) -> int:
             if have == {p.request_id for p, _ in items}:
                 log(f"{args.out} is up to date ({len(have)} requests)")
                 return 0
+    fresh = not store.exists()
     store.open(run_config, resume=args.resume)
-    done_gen = store.done_ids("gen")
-    done_feat = store.done_ids("feat")
-    todo_gen = [(p, ids) for p, ids in items if p.request_id not in done_gen]
-    todo_feat = [(p, ids) for p, ids in items if p.request_id not in done_feat] if prefill else []
-    log(f"{len(items)} prompts ({len(skipped)} too long skipped); to generate {len(todo_gen)}, "
-        f"prefill features {len(todo_feat)} (run {store.run})")
+    with _discard_if_nothing_recorded(store, fresh):
+        done_gen = store.done_ids("gen")
+        done_feat = store.done_ids("feat")
+        todo_gen = [(p, ids) for p, ids in items if p.request_id not in done_gen]
+        todo_feat = [(p, ids) for p, ids in items if p.request_id not in done_feat] if prefill else []
+        log(f"{len(items)} prompts ({len(skipped)} too long skipped); to generate {len(todo_gen)}, "
+            f"prefill features {len(todo_feat)} (run {store.run})")
 
-    # reference lengths in the serving model's tokens
-    ref_len = {}
-    for p, _ in todo_gen:
-        if p.reference:
-            ref_len[p.request_id] = len(tok(p.reference, add_special_tokens=False)["input_ids"])
+        # reference lengths in the serving model's tokens
+        ref_len = {}
+        for p, _ in todo_gen:
+            if p.reference:
+                ref_len[p.request_id] = len(tok(p.reference, add_special_tokens=False)["input_ids"])
 
-    if args.finalize_partial:
-        if not args.resume:
-            raise CaptureError("--finalize-partial needs --resume")
-        todo_gen, todo_feat = [], []
-        done = done_gen & done_feat if prefill else done_gen
-        planned = len(items)
-        items = [(p, ids) for p, ids in items if p.request_id in done]
-        if not items:
-            raise CaptureError(f"{args.out}: nothing recorded yet")
-    else:
-        planned = len(items)
+        if args.finalize_partial:
+            if not args.resume:
+                raise CaptureError("--finalize-partial needs --resume")
+            todo_gen, todo_feat = [], []
+            done = done_gen & done_feat if prefill else done_gen
+            planned = len(items)
+            items = [(p, ids) for p, ids in items if p.request_id in done]
+            if not items:
+                raise CaptureError(f"{args.out}: nothing recorded yet")
+        else:
+            planned = len(items)
 
-    # ---- prefill-only pass (transformers): feat_mean, feat_entropy_pooled, text_embedding
-    if todo_feat:
-        from .features import run_prefill_pass
-        from .schema import feat_table
+        # ---- prefill-only pass (transformers): feat_mean, feat_entropy_pooled, text_embedding
+        if todo_feat:
+            from .features import run_prefill_pass
+            from .schema import feat_table
 
-        check = [args.layer[0]]
+            check = [args.layer[0]]
 
-        def write_feat(cols):
-            store.write("feat", feat_table(cols, cfg["hidden_size"]))
+            def write_feat(cols):
+                store.write("feat", feat_table(cols, cfg["hidden_size"]))
 
-        run_prefill_pass(model_dir, [(p.request_id, ids, p.text) for p, ids in todo_feat],
-                         mean_layer=layers.get("feat_mean"),
-                         entropy_layer=layers.get("feat_entropy_pooled"), check_layers=check,
-                         write_part=write_feat, threads=_hf_threads(args), log=log)
+            run_prefill_pass(model_dir, [(p.request_id, ids, p.text) for p, ids in todo_feat],
+                             mean_layer=layers.get("feat_mean"),
+                             entropy_layer=layers.get("feat_entropy_pooled"), check_layers=check,
+                             write_part=write_feat, threads=_hf_threads(args), log=log)
 
-    # ---- generation pass
-    backend_info = None
-    if todo_gen:
-        backend_info = _generate(args, store, model_dir, cfg, todo_gen, ref_len, log)
-    else:
-        backend_info = _load_run_info(store)
+        # ---- generation pass
+        backend_info = None
+        if todo_gen:
+            backend_info = _generate(args, store, model_dir, cfg, todo_gen, ref_len, log)
+        else:
+            backend_info = _load_run_info(store)
 
-    # ---- finalize
-    from .finalize import finalize
+        # ---- finalize
+        from .finalize import finalize
 
-    meta = {
-        "schema_version": SCHEMA_VERSION,
-        "model_id": model_id(model_dir),
-        "model_path": str(model_dir),
-        "model_source": _model_source(model_dir),
-        "model_revision": run_config["model_revision"],
-        "layers": layers,
-        "layer_semantics": "0-based decoder block output (residual stream) = HF hidden_states[k+1]; "
-                           "for the last block, before the final norm",
-        "num_layers": cfg["num_hidden_layers"],
-        "hidden_size": cfg["hidden_size"],
-        "dtype": args.dtype,
-        "feature_dtype": "float16",
-        "sampling": sampling,
-        "max_tokens": args.max_tokens,
-        "max_model_len": args.max_model_len,
-        "chat_template": template,
-        "chat_template_sha256": run_config["chat_template_sha256"],
-        "prompt_sources": args.prompts,
-        "per_domain_limit": args.per_domain_limit,
-        "limit": args.limit,
-        "skipped_long_prompts": len(skipped),
-        "capture_date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "host": _host(),
-        "timing": ("closed loop: requests are submitted to the engine as earlier ones finish, "
-                   "keeping about max_num_seqs (+1/8) in flight; ttft_s, e2e_s and token_times_s "
-                   "are seconds from a request's submission; arrival_s is null (no arrival "
-                   "process); all timings are on this host, in eager mode"),
-        "decode_every_k": args.decode_every,
-        "decode_layers": run_config["decode_layers"],
-        "run_config": run_config,
-        "complete": len(items) == planned,
-        "planned_requests": planned,
-    }
-    if prefill:
-        from .features import encoder_info
+        meta = {
+            "schema_version": SCHEMA_VERSION,
+            "model_id": model_id(model_dir),
+            "model_path": str(model_dir),
+            "model_source": _model_source(model_dir),
+            "model_revision": run_config["model_revision"],
+            "layers": layers,
+            "layer_semantics": "0-based decoder block output (residual stream) = HF hidden_states[k+1]; "
+                               "for the last block, before the final norm",
+            "num_layers": cfg["num_hidden_layers"],
+            "hidden_size": cfg["hidden_size"],
+            "dtype": args.dtype,
+            "feature_dtype": "float16",
+            "sampling": sampling,
+            "max_tokens": args.max_tokens,
+            "max_model_len": args.max_model_len,
+            "chat_template": template,
+            "chat_template_sha256": run_config["chat_template_sha256"],
+            "prompt_sources": args.prompts,
+            "per_domain_limit": args.per_domain_limit,
+            "limit": args.limit,
+            "skipped_long_prompts": len(skipped),
+            "capture_date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "host": _host(),
+            "timing": ("closed loop: requests are submitted to the engine as earlier ones finish, "
+                       "keeping about max_num_seqs (+1/8) in flight; ttft_s, e2e_s and token_times_s "
+                       "are seconds from a request's submission; arrival_s is null (no arrival "
+                       "process); all timings are on this host, in eager mode"),
+            "decode_every_k": args.decode_every,
+            "decode_layers": run_config["decode_layers"],
+            "run_config": run_config,
+            "complete": len(items) == planned,
+            "planned_requests": planned,
+        }
+        if prefill:
+            from .features import encoder_info
 
-        meta["text_encoder"] = encoder_info()
-    else:
-        meta["text_encoder"] = None
-    finalize(store, [p for p, _ in items], meta, backend_info, hidden=cfg["hidden_size"], log=log)
-    log(f"wrote {args.out} ({len(items)} requests) in {time.time() - t_start:.0f}s")
-    return 0
+            meta["text_encoder"] = encoder_info()
+        else:
+            meta["text_encoder"] = None
+        finalize(store, [p for p, _ in items], meta, backend_info, hidden=cfg["hidden_size"], log=log)
+        log(f"wrote {args.out} ({len(items)} requests) in {time.time() - t_start:.0f}s")
+        return 0
 
 
 def _model_source(model_dir):

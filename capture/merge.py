@@ -14,6 +14,7 @@ anything is written, and every file is written atomically (side tables first, ma
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +56,10 @@ def _side(path, name, meta):
     p = path.with_name(table_name)
     if not p.is_file():
         raise CaptureError(f"{path}: side table {p.name} is missing")
-    table = pq.read_table(p)
+    try:
+        table = pq.read_table(p)
+    except (OSError, pa.ArrowException) as e:
+        raise CaptureError(f"{p}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
     raw = (table.schema.metadata or {}).get(META_KEY)
     return table, (json.loads(raw) if raw else {})
 
@@ -162,6 +166,11 @@ def merge_main(argv) -> int:
         raise CaptureError(f"merge: the output must be a .parquet file: {args.out}")
     if not args.out.parent.is_dir():
         raise CaptureError(f"output folder does not exist: {args.out.parent}")
+    for target in (args.out, side_path(args.out, "decode"), side_path(args.out, "steps")):
+        if target.is_dir():
+            raise CaptureError(f"merge: {target} is a folder")
+    if not os.access(args.out.parent, os.W_OK):
+        raise CaptureError(f"output folder is not writable: {args.out.parent}")
     meta = merge(args.out, args.inputs)
     print(f"merged {len(args.inputs)} traces into {args.out}: {meta['num_requests']} requests"
           + ("" if meta["complete"] else " (partial)"))

@@ -107,12 +107,18 @@ def model_id(model_dir: Path) -> str:
     return Path(model_dir).name
 
 
+#: What transformers and vLLM load weights from (single file or sharded with an index).
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+
+
 def check_model_dir(model: str) -> Path:
     p = Path(model).expanduser()
     if not p.exists():
         raise CaptureError(f"model path not found: {p} (run `capture-traces prepare-model`)")
     if not (p / "config.json").exists():
         raise CaptureError(f"not a model directory (no config.json): {p}")
+    if not any(p.glob(pattern) for pattern in WEIGHT_FILES):
+        raise CaptureError(f"{p}: no weights file ({' or '.join(WEIGHT_FILES)})")
     return p
 
 
@@ -121,4 +127,17 @@ def read_config(model_dir: Path) -> dict:
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
     except Exception as e:  # noqa: BLE001
         raise CaptureError(f"cannot read {model_dir}/config.json: {e}") from None
+    if not isinstance(cfg, dict):
+        raise CaptureError(f"{model_dir}/config.json: expected a JSON object, found {type(cfg).__name__}")
     return cfg
+
+
+def load_causal_lm(model_dir: Path, dtype):
+    """The transformers model of ``model_dir``; a file that does not load is bad input (exit 2)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).eval()
+    except Exception as e:  # noqa: BLE001 -- transformers raises OSError, ValueError, safetensors errors...
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CaptureError(f"cannot load the model from {model_dir}: {first}") from None

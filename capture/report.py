@@ -175,6 +175,8 @@ def signal_main(argv=None) -> int:
     p.add_argument("traces", nargs="*")
     a = p.parse_args(argv)
     t, _ = _load(a.train)
+    if a.feature not in t.column_names:
+        raise CaptureError(f"{a.train}: no column {a.feature!r} to train on")
     X = _vec(t, a.feature)
     y = np.sqrt(t.column("output_tokens").to_numpy().astype(np.float64))
     alpha, cv = _cv_alpha(X, y)

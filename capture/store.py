@@ -109,6 +109,10 @@ class PartStore:
         self._lockf.flush()
 
     # -------------------------------------------------------------- lifecycle
+    def discard(self) -> None:
+        """Remove the parts folder (a run that failed before recording anything)."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+
     def exists(self) -> bool:
         return self.dir.is_dir() or self.out.exists()
 

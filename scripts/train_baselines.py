@@ -37,12 +37,25 @@ def module_of(name: str):
     return sys.modules[PREDICTORS[name].__module__]
 
 
-def parse_sets(items: list[str]) -> dict:
+def parse_sets(items: list[str], names: list[str]) -> dict:
+    """``--set KEY=VALUE`` overrides; every key must be a setting of one of the chosen baselines
+    and its value must convert to that setting's type (ValueError otherwise)."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        owners = [n for n in names if key in module_of(n).DEFAULTS]
+        if not owners:
+            raise ValueError(f"--set {key}: not a setting of {', '.join(names)}")
+        for n in owners:
+            default = module_of(n).DEFAULTS[key]
+            if default is not None and not isinstance(default, (list, tuple, str)):
+                try:
+                    type(default)(value)
+                except ValueError:
+                    kind = {"int": "an integer", "float": "a number"}.get(type(default).__name__, type(default).__name__)
+                    raise ValueError(f"--set {item}: {key} needs {kind}") from None
         out[key] = value
     return out
 
@@ -55,12 +68,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ship", action="store_true", help="copy the weights to predictors/weights/ + MANIFEST")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a training setting")
     args = p.parse_args(argv)
-    try:
-        import torch
-        torch.set_num_threads(1)
-    except ImportError:
-        print("train_baselines: torch is not installed (pip install -e '.[train]')", file=sys.stderr)
-        return 2
     names = [n.strip() for n in args.predictors.split(",") if n.strip()]
     bad = [n for n in names if n not in BASELINES]
     if bad:
@@ -72,7 +79,17 @@ def main(argv: list[str] | None = None) -> int:
     except TraceError as exc:
         print(f"train_baselines: {exc}", file=sys.stderr)
         return 2
-    extra = parse_sets(args.set)
+    try:
+        extra = parse_sets(args.set, names)
+    except ValueError as exc:
+        print(f"train_baselines: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import torch
+        torch.set_num_threads(1)
+    except ImportError:
+        print("train_baselines: torch is not installed (pip install -e '.[train]')", file=sys.stderr)
+        return 2
     rows = []
     for name in names:
         mod = module_of(name)

@@ -31,7 +31,7 @@ from simulator.io import atomic_write_bytes
 from simulator.runner import NO_PREDICTOR, RunConfig
 from simulator.sweep import add_relative_changes, run_many, run_slug, write_results
 from simulator.trace import TraceError, bundled_trace_names, load_trace
-from simulator.workload import ArrivalSpec
+from simulator.workload import ArrivalSpec, parse_load
 
 ROOT = Path(__file__).resolve().parent.parent
 AZURE_CONV = ROOT.parent / "shared" / "data" / "arrivals" / "AzureLLMInferenceTrace_conv.csv"
@@ -277,26 +277,36 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--loads", default="0.5,1,1.5,2", help="load sweep multiples")
-    ap.add_argument("--table3-load", type=float, default=1.0)
+    ap.add_argument("--table3-load", default="1", help="load of the Table 3 and Table 2 analogues")
     args = ap.parse_args(argv)
+    report = None
     try:
-        loads = [float(x.rstrip("xX")) for x in args.loads.split(",")]
+        try:
+            loads = [parse_load(x) for x in args.loads.split(",")]
+            table3_load = parse_load(args.table3_load)
+        except ValueError:
+            raise ValueError(f"--loads {args.loads!r} / --table3-load {args.table3_load!r}: expected positive "
+                             "multiples of capacity such as 0.5,1,1.5x") from None
         if args.requests is not None and args.requests < 2:
             raise ValueError("--requests must be >= 2")
+        if args.jobs < 1:
+            raise ValueError("--jobs must be >= 1")
         started = time.time()
         report = Report(args.out, args.requests, args.jobs, args.seed)
-        report.table3(args.table3_load)
+        report.table3(table3_load)
         report.table4(1.5)
         report.quality_by_domain()
-        report.table2(args.table3_load)
+        report.table2(table3_load)
         report.load_sweep(loads)
         report.azure(1.0)
         command = "leap-report" + (f" --requests {args.requests}" if args.requests else "")
         path = report.write(command)
-        shutil.rmtree(report.work, ignore_errors=True)
     except (TraceError, ValueError, OSError) as exc:
         print(f"leap-report: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if report is not None:
+            shutil.rmtree(report.work, ignore_errors=True)
     print(f"wrote {path} in {time.time() - started:.0f} s")
     return 0
 

@@ -476,3 +476,19 @@ def test_runs_through_simulator_on_lmsys_at_1_5x(name):
     summary, result = execute(prepared)
     _check_invariants(result, config.engine_config)
     assert result.gpu_s_charged > 0
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("noequals", "--set expects KEY=VALUE"),
+    ("epochs=abc", "--set epochs=abc: epochs needs an integer"),
+    ("epoch=3", "--set epoch: not a setting of trail"),
+])
+def test_train_script_rejects_bad_settings_before_training(synth_path, setting, message):
+    import subprocess
+    import sys
+    script = Path(__file__).resolve().parents[1] / "scripts" / "train_baselines.py"
+    proc = subprocess.run([sys.executable, str(script), "--trace", str(synth_path), "--predictors", "trail",
+                           "--set", setting], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr, proc.stderr

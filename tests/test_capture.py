@@ -126,13 +126,15 @@ def _fake_model(tmp_path: Path, layers=30) -> Path:
     d = tmp_path / "fake-model"
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"num_hidden_layers": layers, "hidden_size": 8}))
+    (d / "model.safetensors").write_bytes(b"")   # present, so that the checks after it are reached
     return d
 
 
 @pytest.mark.parametrize("case", ["missing_model", "layer_range", "decode_layer_range",
                                   "bad_prompt_file", "unknown_source", "bad_flag", "bad_int",
                                   "no_outdir", "exists_no_resume", "bad_json", "bad_threads",
-                                  "bad_hf_threads"])
+                                  "bad_hf_threads", "no_weights", "config_not_object", "zero_seqs",
+                                  "zero_flush", "corrupt_weights"])
 def test_bad_input_exits_2(tmp_path, capsys, case):
     model = _fake_model(tmp_path)
     out = tmp_path / "t.parquet"
@@ -153,7 +155,29 @@ def test_bad_input_exits_2(tmp_path, capsys, case):
         "bad_hf_threads": base + ["--backend", "transformers", "--threads", "0"],
         "bad_json": ["--model", str(model), "--prompts", f"jsonl:{tmp_path}/bad.jsonl",
                      "--out", str(out)],
+        "no_weights": base,
+        "config_not_object": base,
+        "zero_seqs": base + ["--max-num-seqs", "0"],
+        "zero_flush": base + ["--flush-every", "0"],
+        # a real tokenizer, weights that do not load: fails after the parts folder is opened
+        "corrupt_weights": ["--model", str(tmp_path / "corrupt"), "--backend", "transformers",
+                            "--prompts", f"jsonl:{tmp_path}/one.jsonl", "--no-prefill-features",
+                            "--max-tokens", "4", "--quiet", "--out", str(out)],
     }[case]
+    if case == "no_weights":
+        (model / "model.safetensors").unlink()
+    if case == "config_not_object":
+        (model / "config.json").write_text("[]")
+    if case == "corrupt_weights":
+        if not (HAVE_TORCH and HAVE_MODEL):
+            pytest.skip(f"needs torch+transformers and the model at {MODEL}")
+        import shutil
+        (tmp_path / "corrupt").mkdir()
+        for f in MODEL.iterdir():
+            if f.suffix != ".safetensors":
+                shutil.copy(f, tmp_path / "corrupt" / f.name)
+        (tmp_path / "corrupt" / "model.safetensors").write_bytes(b"not safetensors")
+        (tmp_path / "one.jsonl").write_text('{"prompt": "Hello"}\n')
     if case == "exists_no_resume":
         out.write_bytes(b"x")
     if case == "bad_json":

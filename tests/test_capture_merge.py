@@ -89,7 +89,8 @@ def test_merge_in_place_and_partial_shards(tmp_path):
     assert meta["num_requests"] == 200 and meta["complete"] is False and meta["planned_requests"] == 250
 
 
-@pytest.mark.parametrize("case", ["overlap", "settings", "missing", "one_input"])
+@pytest.mark.parametrize("case", ["overlap", "settings", "missing", "one_input", "out_is_folder",
+                                  "corrupt_side"])
 def test_merge_bad_input_exits_2(tmp_path, capsys, case):
     a, b, out = tmp_path / "t-a.parquet", tmp_path / "t-b.parquet", tmp_path / "t.parquet"
     _write_shard(a, slice(0, 100))
@@ -100,8 +101,13 @@ def test_merge_bad_input_exits_2(tmp_path, capsys, case):
         _write_shard(b, slice(100, 200), {"run_config": rc})
     elif case != "missing":
         _write_shard(b, slice(100, 200))
+    if case == "out_is_folder":
+        out.mkdir()
+    if case == "corrupt_side":
+        side_path(b, "steps").write_bytes(b"PAR1 truncated")
     args = ["merge", str(out), str(a)] + ([] if case == "one_input" else [str(b)])
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("capture-traces: error:"), err
-    assert not out.exists() and not side_path(out, "decode").exists() and not side_path(out, "steps").exists()
+    assert (out.is_dir() if case == "out_is_folder" else not out.exists())
+    assert not side_path(out, "decode").exists() and not side_path(out, "steps").exists()

@@ -22,9 +22,19 @@ def test_report_runs_end_to_end(tmp_path, monkeypatch):
     assert not list((tmp_path / "report").glob("*/*/requests.parquet"))
 
 
-def test_report_bad_input(tmp_path, capsys):
-    assert main(["--requests", "1", "--out", str(tmp_path)]) == 2
-    assert "--requests must be >= 2" in capsys.readouterr().err
+@pytest.mark.parametrize("args, message", [
+    (["--requests", "1"], "--requests must be >= 2"),
+    (["--loads", "1,0"], "--loads '1,0'"),
+    (["--loads", "nan"], "--loads 'nan'"),
+    (["--loads", "abc"], "--loads 'abc'"),
+    (["--table3-load", "-1"], "--table3-load '-1'"),
+    (["--jobs", "0"], "--jobs must be >= 1"),
+])
+def test_report_bad_input_fails_before_any_run(tmp_path, capsys, args, message):
+    assert main([*args, "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "r").exists()
 
 
 def test_undefined_figures_print_as_a_dash():
