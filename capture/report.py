@@ -65,6 +65,12 @@ def report_rows(paths):
     rows = []
     for path in paths:
         t, meta = _load(path)
+        if meta.get("table") in ("decode", "steps"):   # a side table (`traces/*.parquet` names them too)
+            continue
+        missing = [c for c in ("domain", "prompt_tokens", "output_tokens", "finish_reason", "max_tokens")
+                   if c not in t.column_names]
+        if missing:
+            raise CaptureError(f"{path}: not a recorded trace (no column {', '.join(missing)})")
         dom = np.asarray(t.column("domain").to_pylist(), dtype=object)
         pt = t.column("prompt_tokens").to_numpy()
         ot = t.column("output_tokens").to_numpy()
@@ -73,8 +79,9 @@ def report_rows(paths):
         gen = sum(r.get("generated_tokens", 0) for r in runs)
         wall = sum(r.get("wall_s", 0.0) for r in runs)
         tps = gen / wall if wall else float("nan")
-        for d in sorted(set(dom.tolist())):
-            m = dom == d
+        domains = sorted(set(dom.tolist()))
+        for d in domains + (["(all)"] if len(domains) > 1 else []):
+            m = dom == d if d != "(all)" else np.ones(len(dom), dtype=bool)
             rows.append({
                 "trace": Path(path).name, "domain": d, "requests": int(m.sum()),
                 "prompt_p50_p90_p99": _pct(pt[m]), "output_p50_p90_p99": _pct(ot[m]),

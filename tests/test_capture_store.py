@@ -174,6 +174,21 @@ def test_report_helpers():
     assert spearman(pred, y[150:]) > 0.99
 
 
+def test_capture_report_reads_traces_and_skips_side_tables(tmp_path):
+    from capture.report import report_rows
+    traces = ROOT / "traces"
+    if not (traces / "multilingual.parquet").is_file():
+        pytest.skip("traces/multilingual.parquet not recorded")
+    rows = report_rows([traces / "multilingual.parquet", traces / "multilingual.decode.parquet",
+                        traces / "multilingual.steps.parquet"])
+    assert {r["trace"] for r in rows} == {"multilingual.parquet"}
+    total = rows[-1]
+    assert total["domain"] == "(all)" and total["requests"] == sum(r["requests"] for r in rows[:-1])
+    pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "other.parquet")
+    with pytest.raises(CaptureError, match="other.parquet: not a recorded trace"):
+        report_rows([tmp_path / "other.parquet"])
+
+
 def test_resume_may_narrow_the_prompt_list(tmp_path):
     """A recording planned over p0..p5 and resumed over p0..p2 (the rest handed to another shard)
     finalizes with exactly p0..p2 and their decode rows, whatever else was recorded."""
