@@ -60,6 +60,9 @@ def _record_parser() -> argparse.ArgumentParser:
                    help="sample decode features every K generated tokens (0 disables)")
     p.add_argument("--no-prefill-features", action="store_true",
                    help="skip feat_mean / feat_entropy_pooled / text_embedding")
+    p.add_argument("--prefill-device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where the fp32 prefill-feature pass runs (auto: the GPU if torch sees one); "
+                        "it runs before generation and frees its memory for the engine")
     p.add_argument("--max-tokens", type=int, default=DEFAULTS["max_tokens"], metavar="M")
     p.add_argument("--temperature", type=float, default=DEFAULTS["temperature"])
     p.add_argument("--top-p", type=float, default=DEFAULTS["top_p"])
@@ -341,7 +344,8 @@ def record(args) -> int:
             run_prefill_pass(model_dir, [(p.request_id, ids, p.text) for p, ids in todo_feat],
                              mean_layer=layers.get("feat_mean"),
                              entropy_layer=layers.get("feat_entropy_pooled"), check_layers=check,
-                             write_part=write_feat, threads=_hf_threads(args), log=log)
+                             write_part=write_feat, threads=_hf_threads(args),
+                             device=args.prefill_device, log=log)
 
         # ---- generation pass
         backend_info = None

@@ -53,15 +53,29 @@ def encoder_info() -> dict:
             "input": "raw user prompt (no chat template)"}
 
 
+def resolve_device(name: str) -> str:
+    """``auto``: the GPU where torch sees one (a GPU box), else the CPU."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise CaptureError("--prefill-device cuda: torch sees no GPU here")
+    return name
+
+
 class PrefillFeatures:
+    """The serving model in fp32 on ``device`` (the cross-check reference), run one prompt at a time."""
+
     def __init__(self, model_dir, *, mean_layer, entropy_layer, check_layers=(), threads=None,
-                 lm_chunk=512):
+                 lm_chunk=512, device="cpu"):
         import torch
 
         if threads:
             torch.set_num_threads(int(threads))
         self.torch = torch
-        self.model = load_causal_lm(model_dir, torch.float32)
+        self.device = device
+        self.model = load_causal_lm(model_dir, torch.float32).to(device)
         self.layers = self.model.model.layers
         self.mean_layer = mean_layer
         self.entropy_layer = entropy_layer
@@ -81,12 +95,12 @@ class PrefillFeatures:
         torch = self.torch
         self._cap = {}
         with torch.inference_mode():
-            x = torch.tensor([ids], dtype=torch.long)
+            x = torch.tensor([ids], dtype=torch.long, device=self.device)
             # run only the decoder stack; logits are computed below in chunks when needed
             base = self.model.model(input_ids=x, use_cache=False)
             res = {}
             if self.mean_layer is not None:
-                res["feat_mean"] = self._cap[self.mean_layer].mean(0).float().numpy()
+                res["feat_mean"] = self._cap[self.mean_layer].mean(0).float().cpu().numpy()
             if self.entropy_layer is not None:
                 h = self._cap[self.entropy_layer]  # [T, d] raw block output
                 normed = base.last_hidden_state[0]  # final_norm(last block output)
@@ -97,18 +111,25 @@ class PrefillFeatures:
                     ents.append(-(lp.exp() * lp).sum(-1))
                 ent = torch.cat(ents)
                 w = torch.softmax(ent, dim=0)
-                res["feat_entropy_pooled"] = (w[:, None] * h).sum(0).float().numpy()
+                res["feat_entropy_pooled"] = (w[:, None] * h).sum(0).float().cpu().numpy()
             for k in self.check_layers:
-                res[f"check_{k}"] = self._cap[k][-1].float().numpy()
+                res[f"check_{k}"] = self._cap[k][-1].float().cpu().numpy()
         return res
 
     def close(self):
+        """Remove the hooks and free the model, so that the generation engine gets the memory."""
         for h in self._hooks:
             h.remove()
+        self._hooks, self._cap, self.layers, self.model = [], {}, None, None
+        import gc
+
+        gc.collect()
+        if self.device != "cpu":
+            self.torch.cuda.empty_cache()
 
 
 class TextEncoder:
-    def __init__(self, threads=None, batch=32):
+    def __init__(self, threads=None, batch=32, device="cpu"):
         import torch
         from transformers import AutoModel, AutoTokenizer
 
@@ -117,7 +138,8 @@ class TextEncoder:
         d = encoder_dir()
         self.torch = torch
         self.tok = AutoTokenizer.from_pretrained(str(d))
-        self.model = AutoModel.from_pretrained(str(d), dtype=torch.float32).eval()
+        self.model = AutoModel.from_pretrained(str(d), dtype=torch.float32).eval().to(device)
+        self.device = device
         self.batch = batch
 
     def encode(self, texts: list[str]) -> np.ndarray:
@@ -130,13 +152,13 @@ class TextEncoder:
             for s in range(0, len(order), self.batch):
                 idx = order[s:s + self.batch]
                 enc = self.tok([texts[i] for i in idx], padding=True, truncation=True,
-                               max_length=256, return_tensors="pt")
+                               max_length=256, return_tensors="pt").to(self.device)
                 h = self.model(**enc).last_hidden_state
                 m = enc["attention_mask"].unsqueeze(-1).float()
                 e = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
                 e = torch.nn.functional.normalize(e, p=2, dim=1)
                 for j, i in enumerate(idx):
-                    res[i] = e[j].numpy()
+                    res[i] = e[j].cpu().numpy()
         out = np.stack(res) if res else np.zeros((0, 384), np.float32)
         return out.astype(np.float32)
 
@@ -148,14 +170,15 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def run_prefill_pass(model_dir, items, *, mean_layer, entropy_layer, check_layers, write_part,
-                     chunk=64, threads=None, log=print):
+                     chunk=64, threads=None, device="auto", log=print):
     """items: list of (request_id, token_ids, user_text). Calls write_part(dict of columns)."""
     if not items:
         return
     t0 = time.perf_counter()
+    device = resolve_device(device)
     pf = PrefillFeatures(model_dir, mean_layer=mean_layer, entropy_layer=entropy_layer,
-                         check_layers=check_layers, threads=threads)
-    enc = TextEncoder(threads=threads)
+                         check_layers=check_layers, threads=threads, device=device)
+    enc = TextEncoder(threads=threads, device=device)
     ntok = 0
     for s in range(0, len(items), chunk):
         part = items[s:s + chunk]
@@ -173,5 +196,6 @@ def run_prefill_pass(model_dir, items, *, mean_layer, entropy_layer, check_layer
         log(f"  prefill features {min(s + chunk, len(items))}/{len(items)} "
             f"({ntok / max(el, 1e-9):.0f} prompt tok/s)")
     pf.close()
+    del enc
     if math.isfinite(ntok):
-        log(f"prefill pass: {len(items)} prompts in {time.perf_counter() - t0:.0f}s")
+        log(f"prefill pass: {len(items)} prompts in {time.perf_counter() - t0:.0f}s on {device}")

@@ -333,3 +333,17 @@ def test_vllm_backend_matches_hf_and_resumes(tmp_path):
     tt = t.column("token_times_s").to_pylist()
     assert all(len(x) == n for x, n in zip(tt, t.column("output_tokens").to_pylist()))
     _validate(out)
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="needs torch (capture venv)")
+def test_prefill_device_resolution():
+    import torch
+
+    from capture import CaptureError
+    from capture.features import resolve_device
+
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(CaptureError, match="sees no GPU"):
+            resolve_device("cuda")
