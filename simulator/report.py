@@ -270,6 +270,13 @@ class Report:
         return path
 
 
+def _loads(flag: str, text: str) -> list[float]:
+    try:
+        return [parse_load(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected positive multiples of capacity such as 0.5,1,1.5x") from None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="leap-report", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "docs")
@@ -281,12 +288,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     report = None
     try:
-        try:
-            loads = [parse_load(x) for x in args.loads.split(",")]
-            table3_load = parse_load(args.table3_load)
-        except ValueError:
-            raise ValueError(f"--loads {args.loads!r} / --table3-load {args.table3_load!r}: expected positive "
-                             "multiples of capacity such as 0.5,1,1.5x") from None
+        loads = _loads("--loads", args.loads)
+        table3_load = _loads("--table3-load", args.table3_load)
+        if len(table3_load) != 1:
+            raise ValueError(f"--table3-load {args.table3_load!r}: one load, such as 1 or 1.5x")
+        table3_load = table3_load[0]
         if args.requests is not None and args.requests < 2:
             raise ValueError("--requests must be >= 2")
         if args.jobs < 1:

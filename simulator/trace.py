@@ -302,10 +302,9 @@ def validate_table(table: pa.Table, meta: dict, path: Path) -> None:
     for column in ("arrival_s", "ttft_s", "e2e_s"):
         if column in table.column_names and _kind_of(table.schema.field(column).type) == "float":
             values = table.column(column).to_numpy(zero_copy_only=False).astype(np.float64)
-            # a null (NaN here) is an unknown time, allowed; a NaN stored as a value is not, where it
-            # would be used as one (arrival_s drives --arrivals trace)
-            nan = np.isnan(values) & ~table.column(column).is_null().to_numpy(zero_copy_only=False)
-            bad = (nan if column == "arrival_s" else False) | (~np.isnan(values) & ~np.isfinite(values)) | (values < 0)
+            bad = (~np.isnan(values) & ~np.isfinite(values)) | (values < 0)
+            if column == "arrival_s":   # a null is an unknown time; a stored NaN would be replayed as one
+                bad |= np.isnan(values) & ~table.column(column).is_null().to_numpy(zero_copy_only=False)
             if bad.any():
                 row = _first_true(bad)
                 raise TraceError(f"trace {path}: column {column}: row {row}: {values[row]} is not a finite, "
