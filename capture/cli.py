@@ -202,13 +202,10 @@ def _validate(args):
         parse_cpu_list(args.threads)
     elif args.threads and not (args.threads.isdigit() and int(args.threads) >= 1):
         raise CaptureError(f"--threads {args.threads!r}: the transformers backend takes a thread count >= 1")
+    from .store import check_output_trace
+
     out = Path(args.out)
-    if not out.name.endswith(".parquet"):
-        raise CaptureError(f"--out must name a .parquet file: {out}")
-    if not out.parent.is_dir():
-        raise CaptureError(f"output folder does not exist: {out.parent}")
-    if not os.access(out.parent, os.W_OK):
-        raise CaptureError(f"output folder is not writable: {out.parent}")
+    check_output_trace(out, "--out")
     parts = out.with_name(out.name + ".parts")
     if (out.exists() or parts.exists()) and not (args.resume or args.overwrite):
         raise CaptureError(f"{out} (or its .parts) exists; use --resume to continue or --overwrite")

@@ -14,7 +14,6 @@ anything is written, and every file is written atomically (side tables first, ma
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import pyarrow.parquet as pq
 
 from . import CaptureError
 from .finalize import combine_crosscheck
-from .store import META_KEY, atomic_write_table, is_complete, read_meta, side_path
+from .store import META_KEY, atomic_write_table, check_output_trace, is_complete, read_meta, side_path
 
 
 @dataclass
@@ -162,15 +161,7 @@ def merge_main(argv) -> int:
     ap.add_argument("out", type=Path, metavar="OUT.parquet")
     ap.add_argument("inputs", type=Path, nargs="+", metavar="SHARD.parquet")
     args = ap.parse_args(argv)
-    if not args.out.name.endswith(".parquet"):
-        raise CaptureError(f"merge: the output must be a .parquet file: {args.out}")
-    if not args.out.parent.is_dir():
-        raise CaptureError(f"output folder does not exist: {args.out.parent}")
-    for target in (args.out, side_path(args.out, "decode"), side_path(args.out, "steps")):
-        if target.is_dir():
-            raise CaptureError(f"merge: {target} is a folder")
-    if not os.access(args.out.parent, os.W_OK):
-        raise CaptureError(f"output folder is not writable: {args.out.parent}")
+    check_output_trace(args.out, "merge: the output")
     meta = merge(args.out, args.inputs)
     print(f"merged {len(args.inputs)} traces into {args.out}: {meta['num_requests']} requests"
           + ("" if meta["complete"] else " (partial)"))

@@ -38,6 +38,20 @@ def side_path(out: Path, name: str) -> Path:
     return out.with_name(f"{stem}.{name}.parquet")
 
 
+def check_output_trace(out: Path, what: str) -> None:
+    """Before anything runs: ``out`` names a .parquet file whose folder exists and is writable,
+    and neither it nor its side tables' paths is a folder."""
+    if not out.name.endswith(".parquet"):
+        raise CaptureError(f"{what} must name a .parquet file: {out}")
+    if not out.parent.is_dir():
+        raise CaptureError(f"output folder does not exist: {out.parent}")
+    for target in (out, side_path(out, "decode"), side_path(out, "steps")):
+        if target.is_dir():
+            raise CaptureError(f"{what}: {target} is a folder")
+    if not os.access(out.parent, os.W_OK):
+        raise CaptureError(f"output folder is not writable: {out.parent}")
+
+
 def atomic_write_table(table: pa.Table, path: Path, metadata: dict | None = None) -> None:
     path = Path(path)
     if metadata is not None:

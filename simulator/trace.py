@@ -100,6 +100,10 @@ def _first_true(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
+def _is_null(column: pa.ChunkedArray) -> np.ndarray:
+    return column.is_null().to_numpy(zero_copy_only=False)
+
+
 @dataclass(frozen=True)
 class Trace:
     """A validated trace: request columns as numpy arrays, features on demand."""
@@ -275,7 +279,7 @@ def validate_table(table: pa.Table, meta: dict, path: Path) -> None:
             raise TraceError(f"trace {path}: column {column}: expected {kind}, found "
                              f"{table.schema.field(column).type}")
         if column in REQUIRED_COLUMNS and table.column(column).null_count:
-            row = _first_true(table.column(column).is_null().to_numpy(zero_copy_only=False))
+            row = _first_true(_is_null(table.column(column)))
             raise TraceError(f"trace {path}: column {column}: row {row}: null value")
     ids = table.column("request_id").to_pylist()
     if len(set(ids)) != n:
@@ -304,7 +308,7 @@ def validate_table(table: pa.Table, meta: dict, path: Path) -> None:
             values = table.column(column).to_numpy(zero_copy_only=False).astype(np.float64)
             bad = (~np.isnan(values) & ~np.isfinite(values)) | (values < 0)
             if column == "arrival_s":   # a null is an unknown time; a stored NaN would be replayed as one
-                bad |= np.isnan(values) & ~table.column(column).is_null().to_numpy(zero_copy_only=False)
+                bad |= np.isnan(values) & ~_is_null(table.column(column))
             if bad.any():
                 row = _first_true(bad)
                 raise TraceError(f"trace {path}: column {column}: row {row}: {values[row]} is not a finite, "
@@ -324,7 +328,7 @@ def validate_table(table: pa.Table, meta: dict, path: Path) -> None:
                              f"declared hidden_size {hidden}")
         col = table.column(column)
         if col.null_count:
-            row = _first_true(col.is_null().to_numpy(zero_copy_only=False))
+            row = _first_true(_is_null(col))
             raise TraceError(f"trace {path}: column {column}: row {row}: missing vector")
         matrix = _vectors_to_numpy(col)
         finite = np.isfinite(matrix).all(axis=1)
@@ -338,7 +342,7 @@ def validate_steps(table: pa.Table, path: Path) -> None:
     for column in STEPS_COLUMNS:
         col = table.column(column)
         if col.null_count:
-            row = _first_true(col.is_null().to_numpy(zero_copy_only=False))
+            row = _first_true(_is_null(col))
             raise TraceError(f"trace {path}: column {column}: row {row}: missing value")
     step_s = table.column("step_s").to_numpy(zero_copy_only=False).astype(np.float64)
     bad = ~np.isfinite(step_s) | (step_s <= 0)
