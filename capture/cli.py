@@ -43,7 +43,8 @@ def _record_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["vllm", "transformers"], default="vllm")
     p.add_argument("--prompts", action="append", required=True, metavar="SOURCE",
                    help="prompt source (repeatable): lmsys, sharegpt, alpaca, math, math500, gsm8k, "
-                        "multilingual, mgsm, mgsm-XX, arena-nonlatin, arena, jsonl:PATH; "
+                        "multilingual, mgsm, mgsm-XX, arena-nonlatin, arena, or a file: jsonl:PATH, "
+                        "json:PATH, csv:PATH, parquet:PATH (formats: capture/prompts.py); "
                         "optional slice NAME@START:STOP")
     p.add_argument("--layer", type=int, action="append", metavar="K",
                    help="decoder block (0-based) whose output at the last prompt token is recorded; "
@@ -229,7 +230,7 @@ def record(args) -> int:
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     model_dir, cfg = _validate(args)
-    from .prompts import load_prompts
+    from .prompts import load_prompts, source_name
 
     prompts = load_prompts(args.prompts, per_domain_limit=args.per_domain_limit)
     if not prompts:
@@ -357,7 +358,6 @@ def record(args) -> int:
         meta = {
             "schema_version": SCHEMA_VERSION,
             "model_id": model_id(model_dir),
-            "model_path": str(model_dir),
             "model_source": _model_source(model_dir),
             "model_revision": run_config["model_revision"],
             "layers": layers,
@@ -372,7 +372,7 @@ def record(args) -> int:
             "max_model_len": args.max_model_len,
             "chat_template": template,
             "chat_template_sha256": run_config["chat_template_sha256"],
-            "prompt_sources": args.prompts,
+            "prompt_sources": [source_name(spec) for spec in args.prompts],
             "per_domain_limit": args.per_domain_limit,
             "limit": args.limit,
             "skipped_long_prompts": len(skipped),
@@ -424,6 +424,8 @@ def _hf_threads(args):
 
 
 def _host() -> str:
+    """A coarse description of the recording machine (CPU model, core count, OS, architecture):
+    enough to read the timings, nothing that names the machine (no host name, no kernel build)."""
     cpu = platform.processor() or ""
     try:
         for line in open("/proc/cpuinfo"):
@@ -432,7 +434,7 @@ def _host() -> str:
                 break
     except OSError:
         pass
-    return f"{platform.node()}; {cpu}; {os.cpu_count()} cpus; {platform.platform()}"
+    return f"{cpu}; {os.cpu_count()} cpus; {platform.system()} {platform.machine()}"
 
 
 def _load_run_info(store):

@@ -31,16 +31,47 @@ def find_gguf() -> Path:
     raise CaptureError(f"no .gguf file inside the {GGUF_PACKAGE} package")
 
 
+def check_model_out(out_dir: Path) -> None:
+    """Before the (minutes-long) conversion: ``out_dir`` is a folder or can become one, and its
+    parent is writable (the checkpoint is written beside it, then renamed into place)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CaptureError(f"--out {out_dir}: exists and is not a folder")
+    parent = out_dir.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise CaptureError(f"--out {out_dir}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CaptureError(f"--out {out_dir}: {parent} is not writable")
+
+
 def prepare_model(out_dir: Path = DEFAULT_MODEL_DIR, force: bool = False) -> Path:
     """Dequantize the GGUF into a dense fp32 HF checkpoint (idempotent)."""
     out_dir = Path(out_dir)
     if not force and (out_dir / "config.json").exists() and any(out_dir.glob("*.safetensors")):
         return out_dir
+    check_model_out(out_dir)
+    gguf = find_gguf()
+    try:
+        return _convert(gguf, out_dir)
+    except ImportError as e:
+        raise CaptureError(f"prepare-model needs torch and transformers ({e}); use the capture venv "
+                           "(scripts/setup_capture_env.sh)") from None
+    except OSError as e:
+        raise CaptureError(f"cannot convert the GGUF into {out_dir}: {e.strerror or str(e).splitlines()[0]}") from None
+    finally:
+        tmp = out_dir.with_name(out_dir.name + ".tmp")
+        if tmp.is_dir():
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _convert(gguf: Path, out_dir: Path) -> Path:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = find_gguf()
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     qmodel = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
@@ -117,7 +148,7 @@ def check_model_dir(model: str) -> Path:
         raise CaptureError(f"model path not found: {p} (run `capture-traces prepare-model`)")
     if not (p / "config.json").exists():
         raise CaptureError(f"not a model directory (no config.json): {p}")
-    if not any(p.glob(pattern) for pattern in WEIGHT_FILES):
+    if not any(any(p.glob(pattern)) for pattern in WEIGHT_FILES):    # any(generator) of each pattern's matches
         raise CaptureError(f"{p}: no weights file ({' or '.join(WEIGHT_FILES)})")
     return p
 

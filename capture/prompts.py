@@ -17,7 +17,23 @@ Sources (``--prompts`` values):
   arena-nonlatin  Arena-Hard v2.0 prompts that are mostly non-Latin script
   multilingual    mgsm + arena-nonlatin
   arena           Arena-Hard v0.1 (500), reference = GPT-4 answer
-  jsonl:PATH      any JSONL with a `prompt` (or `text`/`instruction`) field; domain = file stem
+  jsonl:PATH      a prompt file in a common format (one record per line); also
+  json:PATH       (a JSON list of records), csv:PATH (a header row) and parquet:PATH.
+                  Domain = the record's `domain` field, else the file stem; id = `id`,
+                  `question_id`, `uid` or `prompt_id`, else the record's position.
+
+The prompt of a record in a file is read by the first of these that the record has (see
+:func:`prompt_of`): `prompt`; `turns` (MT-Bench: a list of user turns); `conversations`
+(ShareGPT: ``[{"from": "human", "value": ...}, ...]``); `messages` (OpenAI chat:
+``[{"role": "user", "content": ...}, ...]``, content a string or a list of text parts);
+`instruction` + optional `input` (Alpaca, joined by a blank line); `question`; `text`.
+Multi-turn records give their FIRST user turn: a trace records one request per prompt, and later
+turns only make sense after the model's own earlier answers, which a replayed conversation would
+not have. The reply that follows the first user turn (or `reference`/`output`/`response`) becomes
+the reference answer. A record with none of these fields stops the run with one line naming the
+file, the line (JSONL, CSV) or record/row index (JSON, Parquet, 0-based) and the fields it has.
+
+Bundled sources read the shared data folder: ``$LEAP_DATA_DIR``, else ``<checkout>/../shared/data``.
 
 A source may carry a slice suffix ``@START:STOP`` (e.g. ``sharegpt@0:1500``) and per-source caps
 are applied with ``--per-domain-limit``.
@@ -43,15 +59,13 @@ MGSM_LANGS = ["bn", "de", "es", "fr", "ja", "ru", "sw", "te", "th", "zh"]
 
 
 def shared_data_dir() -> Path:
-    env = os.environ.get("LEAP_SHARED_DATA")
-    if env:
-        return Path(env)
-    here = Path(__file__).resolve()
-    for base in [here.parents[1], *here.parents[1].parents]:
-        cand = base / "shared" / "data"
-        if cand.is_dir():
-            return cand
-    return Path("/work/shared/data")
+    """``$LEAP_DATA_DIR``, else ``<checkout>/../shared/data`` (one error line naming both if absent)."""
+    from simulator.io import DataDirMissing, data_dir
+
+    try:
+        return data_dir()
+    except DataDirMissing as e:
+        raise CaptureError(str(e)) from None
 
 
 @dataclass
@@ -236,15 +250,123 @@ def load_arena() -> Iterator[Prompt]:
                      reference=answers.get(rec["uid"]), source="arena_hard_v0.1_questions.jsonl")
 
 
-def load_jsonl_file(path: str) -> Iterator[Prompt]:
+# ---------------------------------------------------------------- prompt files in common formats
+
+FILE_KINDS = ("jsonl", "json", "csv", "parquet")
+ID_FIELDS = ("id", "question_id", "uid", "prompt_id")
+REFERENCE_FIELDS = ("reference", "output", "response")
+USER_ROLES = ("user", "human")
+
+
+def _turn_text(turn) -> str | None:
+    """The text of one chat turn: a string, a ``{"value"|"content": ...}`` dict, or OpenAI content
+    parts (``[{"type": "text", "text": ...}, ...]``, text parts joined)."""
+    if isinstance(turn, dict):
+        turn = turn.get("content", turn.get("value"))
+    if isinstance(turn, list):
+        parts = [p.get("text") if isinstance(p, dict) else p for p in turn]
+        parts = [p for p in parts if isinstance(p, str)]
+        turn = "\n".join(parts) if parts else None
+    return turn if isinstance(turn, str) and turn.strip() else None
+
+
+def _first_user_turn(turns, role_key: str) -> tuple[str | None, str | None]:
+    """(first user turn, the reply right after it) of a list of role-tagged turns."""
+    if not isinstance(turns, list):
+        return None, None
+    for i, turn in enumerate(turns):
+        if isinstance(turn, dict) and str(turn.get(role_key, "")).lower() in USER_ROLES:
+            after = turns[i + 1] if i + 1 < len(turns) else None
+            return _turn_text(turn), _turn_text(after) if after is not None else None
+    return None, None
+
+
+def prompt_of(rec: dict) -> tuple[str | None, str | None]:
+    """(prompt, reference) of one record by the first format it matches (module docstring)."""
+    if _turn_text(rec.get("prompt")):
+        return _turn_text(rec["prompt"]), None
+    turns = rec.get("turns")
+    if isinstance(turns, list) and turns:                        # MT-Bench
+        refs = rec.get("reference")
+        ref = refs[0] if isinstance(refs, list) and refs else None
+        return _turn_text(turns[0]), _turn_text(ref) if ref is not None else None
+    if rec.get("conversations") is not None:                     # ShareGPT
+        conv = rec["conversations"]
+        role = "from" if isinstance(conv, list) and conv and isinstance(conv[0], dict) and "from" in conv[0] else "role"
+        return _first_user_turn(conv, role)
+    if rec.get("messages") is not None:                          # OpenAI chat
+        return _first_user_turn(rec["messages"], "role")
+    instruction = _turn_text(rec.get("instruction"))
+    if instruction:                                              # Alpaca
+        extra = _turn_text(rec.get("input"))
+        return (f"{instruction}\n\n{extra}" if extra else instruction), None
+    for field_name in ("question", "text"):
+        if _turn_text(rec.get(field_name)):
+            return _turn_text(rec[field_name]), None
+    return None, None
+
+
+def _file_records(kind: str, path: Path) -> Iterator[tuple[str, dict]]:
+    """(where, record) pairs of a prompt file; ``where`` names the line or index for messages."""
+    if kind == "jsonl":
+        for n, line in enumerate(_open_text(path).split("\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                yield f"line {n}", json.loads(line)
+            except json.JSONDecodeError as e:
+                raise CaptureError(f"bad JSON in {path} line {n}: {e.msg}") from None
+    elif kind == "json":
+        try:
+            data = json.loads(_open_text(path))
+        except json.JSONDecodeError as e:
+            raise CaptureError(f"bad JSON in {path}: {e.msg} (line {e.lineno})") from None
+        if not isinstance(data, list):
+            raise CaptureError(f"{path}: expected a JSON list of records, found {type(data).__name__}")
+        for i, rec in enumerate(data):
+            yield f"record {i}", rec
+    elif kind == "csv":
+        reader = csv.DictReader(_open_text(path).splitlines(keepends=True))
+        try:
+            for rec in reader:
+                yield f"line {reader.line_num}", {k: v for k, v in rec.items() if k is not None}
+        except csv.Error as e:
+            raise CaptureError(f"bad CSV in {path} line {reader.line_num}: {e}") from None
+    else:
+        try:
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(path)
+        except FileNotFoundError:
+            raise CaptureError(f"prompt file not found: {path}") from None
+        except Exception as e:  # noqa: BLE001 -- pyarrow raises ArrowInvalid, OSError, ...
+            raise CaptureError(f"cannot read {path} as Parquet: {str(e).splitlines()[0]}") from None
+        for i, rec in enumerate(table.to_pylist()):
+            yield f"row {i}", rec
+
+
+def load_prompt_file(kind: str, path: str) -> Iterator[Prompt]:
+    """Prompts of a ``jsonl:``/``json:``/``csv:``/``parquet:`` file (formats in the module docstring)."""
     p = Path(path)
     dom = p.stem
-    for i, rec in enumerate(_jsonl(p)):
-        text = rec.get("prompt") or rec.get("text") or rec.get("instruction")
-        if not isinstance(text, str):
-            raise CaptureError(f"{p} row {i}: no prompt/text/instruction field")
-        yield Prompt(str(rec.get("domain", dom)), str(rec.get("id", f"{i:05d}")), text, False,
-                     reference=rec.get("reference"), source=p.name)
+    for i, (where, rec) in enumerate(_file_records(kind, p)):
+        if not isinstance(rec, dict):
+            raise CaptureError(f"{p} {where}: expected a record (object), found {type(rec).__name__}")
+        text, reference = prompt_of(rec)
+        if text is None:
+            fields = ", ".join(sorted(map(str, rec))) or "none"
+            raise CaptureError(f"{p} {where}: no usable prompt (fields: {fields}; expected prompt, turns, "
+                               f"conversations, messages, instruction, question or text)")
+        pid = next((str(rec[f]) for f in ID_FIELDS if rec.get(f) not in (None, "")), f"{i:05d}")
+        if reference is None:
+            reference = next((rec[f] for f in REFERENCE_FIELDS if isinstance(rec.get(f), str)), None)
+        domain = rec.get("domain")
+        yield Prompt(str(domain) if domain not in (None, "") else dom, pid, text, False,
+                     reference=reference, source=p.name)
+
+
+def load_jsonl_file(path: str) -> Iterator[Prompt]:
+    return load_prompt_file("jsonl", path)
 
 
 def _chain(*fs: Callable[[], Iterator[Prompt]]) -> Callable[[], Iterator[Prompt]]:
@@ -280,14 +402,15 @@ def parse_source(spec: str) -> tuple[Callable[[], Iterator[Prompt]], slice]:
             raise CaptureError(f"bad slice in --prompts {spec!r} (use NAME@START:STOP)") from None
     else:
         s = slice(None)
-    if name.startswith("jsonl:"):
-        path = name[len("jsonl:"):]
+    kind, colon, path = name.partition(":")
+    if colon and kind in FILE_KINDS:
         if not Path(path).is_file():
             raise CaptureError(f"prompt file not found: {path}")
-        return (lambda: load_jsonl_file(path)), s
+        return (lambda: load_prompt_file(kind, path)), s
     if name not in SOURCES:
         raise CaptureError(
-            f"unknown prompt source {name!r}; choose from {', '.join(sorted(SOURCES))} or jsonl:PATH"
+            f"unknown prompt source {name!r}; choose from {', '.join(sorted(SOURCES))} or "
+            f"{', '.join(k + ':PATH' for k in FILE_KINDS)}"
         )
     return SOURCES[name], s
 
@@ -315,4 +438,15 @@ def load_prompts(specs: list[str], per_domain_limit: int | None = None,
 
 
 def source_name(spec: str) -> str:
-    return spec
+    """A ``--prompts`` value as recorded in trace metadata: a file source by its file name and the
+    first 12 hex digits of its content's sha256 (``jsonl:NAME@sha256:HEX``), never a local path."""
+    name, at, sl = spec.partition("@")
+    kind, colon, path = name.partition(":")
+    if not (colon and kind in FILE_KINDS):
+        return spec
+    p = Path(path)
+    try:
+        digest = hashlib.sha256(p.read_bytes()).hexdigest()[:12]
+    except OSError:
+        return f"{kind}:{p.name}{at}{sl}"
+    return f"{kind}:{p.name}@sha256:{digest}{at}{sl}"

@@ -4,8 +4,9 @@
         per domain: requests, prompt/output token percentiles, share hitting the cap,
         and per trace the capture throughput (generated tokens / wall seconds of the runs).
     capture-traces signal --train traces/lmsys.parquet traces/*.parquet
-        ridge regression of sqrt(output_tokens) on feat_last fitted on the training trace
-        (5-fold CV Spearman in-sample), Spearman of the prediction per domain elsewhere.
+        LEAP's read-out (predictors/leap.py) fitted on the training trace: out-of-fold 5-fold CV
+        Spearman in-sample, Spearman of its prediction per domain on the other traces (side tables
+        skipped).
 """
 
 from __future__ import annotations
@@ -50,11 +51,6 @@ def _load(path):
     raw = (t.schema.metadata or {}).get(b"leap.trace")
     meta = json.loads(raw) if raw else {}
     return t, meta
-
-
-def _vec(t, col):
-    c = t.column(col).combine_chunks()
-    return c.values.to_numpy(zero_copy_only=False).reshape(len(c), -1).astype(np.float64)
 
 
 def _pct(x, qs=(50, 90, 99)):
@@ -112,100 +108,106 @@ def main(argv=None) -> int:
 
 
 # ------------------------------------------------------------------ signal check
+# The read-out is LEAP's own (predictors/leap.py: standardise + ridge on sqrt(length), lambda by
+# 5-fold CV on the training trace, clip, square) and the rank metric is the project's one
+# (predictors/metrics.py), so these figures are the ones `simulate --predictor leap` and
+# `evaluate-predictors` report for the same traces.
+
+from predictors.metrics import spearman  # noqa: E402  (re-exported: one Spearman in the project)
+
+SIDE_TABLE_SUFFIXES = (".steps.parquet", ".decode.parquet")
 
 
-def spearman(a, b) -> float:
-    a = np.asarray(a, np.float64)
-    b = np.asarray(b, np.float64)
-    if len(a) < 3:
-        return float("nan")
+def _signal_trace(path):
+    """A validated trace (file, or a ``.parts`` recording in progress); bad input -> CaptureError."""
+    from simulator.trace import Trace, TraceError, load_trace, trace_content_hash, validate_table
 
-    def rank(x):
-        order = np.argsort(x, kind="mergesort")
-        r = np.empty(len(x), np.float64)
-        r[order] = np.arange(len(x), dtype=np.float64)
-        # average ties
-        xs = x[order]
-        i = 0
-        while i < len(xs):
-            j = i
-            while j + 1 < len(xs) and xs[j + 1] == xs[i]:
-                j += 1
-            if j > i:
-                r[order[i:j + 1]] = (i + j) / 2.0
-            i = j + 1
-        return r
-
-    ra, rb = rank(a), rank(b)
-    ra -= ra.mean()
-    rb -= rb.mean()
-    den = np.sqrt((ra ** 2).sum() * (rb ** 2).sum())
-    return float((ra * rb).sum() / den) if den else float("nan")
+    p = Path(path)
+    try:
+        if p.is_dir() and p.name.endswith(".parts"):
+            t, _ = _load(p)
+            meta = {"schema_version": 1}
+            validate_table(t, meta, p)
+            return Trace(name=p.name[: -len(".parquet.parts")], path=None, table=t, metadata=meta,
+                         content_hash=trace_content_hash(t, meta))
+        return load_trace(p)
+    except TraceError as e:
+        raise CaptureError(str(e)) from None
 
 
-class Ridge:
-    def __init__(self, alpha=1.0):
-        self.alpha = alpha
+def out_of_fold_predictions(train, column: str = "feat_last") -> np.ndarray:
+    """Each training row predicted by LEAP's read-out fitted (lambda chosen by the same inner CV) on
+    the other folds: the folds of LEAP's own CV (same count, same seeded permutation)."""
+    from predictors.leap import CV_FOLDS, CV_SEED, fit_readout
 
-    def fit(self, X, y):
-        self.mu = X.mean(0)
-        self.sd = X.std(0) + 1e-6
-        Z = (X - self.mu) / self.sd
-        self.ym = y.mean()
-        A = Z.T @ Z + self.alpha * np.eye(Z.shape[1])
-        self.w = np.linalg.solve(A, Z.T @ (y - self.ym))
-        return self
-
-    def predict(self, X):
-        return ((X - self.mu) / self.sd) @ self.w + self.ym
+    n = len(train)
+    pred = np.empty(n)
+    X = train.feature(column)
+    for part in np.array_split(np.random.default_rng(CV_SEED).permutation(n), CV_FOLDS):
+        rest = np.setdiff1d(np.arange(n), part)
+        readout, _ = fit_readout(train.take(rest), column, use_cache=False)
+        pred[part] = readout.predict_workload(X[part])
+    return pred
 
 
-def _cv_alpha(X, y, alphas=(1, 10, 100, 1000, 1e4, 1e5, 1e6), k=5, seed=0):
-    rng = np.random.default_rng(seed)
-    folds = np.array_split(rng.permutation(len(y)), k)
-    best = None
-    for a in alphas:
-        pred = np.empty(len(y))
-        for f in folds:
-            tr = np.setdiff1d(np.arange(len(y)), f)
-            pred[f] = Ridge(a).fit(X[tr], y[tr]).predict(X[f])
-        s = spearman(pred, y)
-        if best is None or s > best[1]:
-            best = (a, s)
-    return best
+def signal_rows(train_path, paths, column: str = "feat_last") -> tuple[dict, list[dict]]:
+    """(training summary, one row per trace and domain) of LEAP's read-out trained on ``train_path``."""
+    from predictors.leap import fit_readout
+
+    train = _signal_trace(train_path)
+    if not train.has_feature(column):
+        raise CaptureError(f"{train_path}: no column {column!r} to train on")
+    from simulator.trace import TraceError
+
+    try:
+        readout, _ = fit_readout(train, column)
+    except (TraceError, ValueError) as e:
+        raise CaptureError(f"{train_path}: {e}") from None
+    cv = spearman(out_of_fold_predictions(train, column), train.output_tokens) if len(train) >= 10 else float("nan")
+    head = {"trace": Path(train_path).name, "column": column, "n": len(train), "alpha": readout.alpha,
+            "lambda": readout.lam, "cv_spearman": cv}
+    rows = []
+    train_file = Path(train_path).resolve()
+    for path in paths:
+        p = Path(path)
+        if p.name.endswith(SIDE_TABLE_SUFFIXES) or p.resolve() == train_file:
+            continue
+        trace = _signal_trace(p)
+        if not trace.has_feature(column):
+            rows.append({"trace": p.name, "domain": None, "n": len(trace), "spearman": None})
+            continue
+        X = trace.feature(column)
+        if X.shape[1] != readout.d:
+            raise CaptureError(f"{p}: column {column} has {X.shape[1]} dimensions, the read-out {readout.d}")
+        pred = readout.predict_workload(X)
+        true = trace.output_tokens
+        domains = sorted(set(trace.domain.tolist()))
+        for d in domains + (["(all)"] if len(domains) > 1 else []):
+            m = trace.domain == d if d != "(all)" else np.ones(len(true), dtype=bool)
+            rows.append({"trace": p.name, "domain": d, "n": int(m.sum()), "spearman": spearman(pred[m], true[m])})
+    return head, rows
 
 
 def signal_main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="capture-traces signal")
+    p = argparse.ArgumentParser(prog="capture-traces signal",
+                                description="LEAP's read-out trained on --train: 5-fold CV Spearman "
+                                            "in-sample, Spearman per domain on the other traces")
     p.add_argument("--train", required=True)
     p.add_argument("--feature", default="feat_last")
+    p.add_argument("--json", action="store_true")
     p.add_argument("traces", nargs="*")
     a = p.parse_args(argv)
-    t, _ = _load(a.train)
-    if a.feature not in t.column_names:
-        raise CaptureError(f"{a.train}: no column {a.feature!r} to train on")
-    X = _vec(t, a.feature)
-    y = np.sqrt(t.column("output_tokens").to_numpy().astype(np.float64))
-    alpha, cv = _cv_alpha(X, y)
-    model = Ridge(alpha).fit(X, y)
-    print(f"train {Path(a.train).name} ({a.feature}, n={len(y)}): ridge alpha={alpha}, "
-          f"5-fold CV Spearman {cv:.3f}")
-    for path in a.traces:
-        if Path(path).resolve() == Path(a.train).resolve():
-            continue
-        u, _ = _load(path)
-        if a.feature not in u.column_names:
-            print(f"{Path(path).name}: no {a.feature}")
-            continue
-        Xu = _vec(u, a.feature)
-        yu = u.column("output_tokens").to_numpy().astype(np.float64)
-        pred = model.predict(Xu)
-        dom = np.asarray(u.column("domain").to_pylist(), dtype=object)
-        for d in sorted(set(dom.tolist())):
-            m = dom == d
-            print(f"{Path(path).name:<24}{d:<16}n={int(m.sum()):>5}  Spearman {spearman(pred[m], yu[m]):.3f}")
-        if len(set(dom.tolist())) > 1:
-            print(f"{Path(path).name:<24}{'(all)':<16}n={len(yu):>5}  Spearman {spearman(pred, yu):.3f}")
+    head, rows = signal_rows(a.train, a.traces, a.feature)
+    if a.json:
+        print(json.dumps({"train": head, "rows": rows}, indent=1))
+        return 0
+    print(f"train {head['trace']} ({head['column']}, n={head['n']}): LEAP read-out, lambda = {head['lambda']:.4g} "
+          f"(alpha {head['alpha']:.3g} x n, by 5-fold CV), 5-fold CV Spearman {head['cv_spearman']:.3f}")
+    for r in rows:
+        if r["domain"] is None:
+            print(f"{r['trace']}: no {a.feature}")
+        else:
+            print(f"{r['trace']:<24}{r['domain']:<16}n={r['n']:>5}  Spearman {r['spearman']:.3f}")
     return 0
 
 

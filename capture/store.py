@@ -86,11 +86,16 @@ def write_options(schema: pa.Schema) -> dict:
 
 def repack(path: Path) -> None:
     """Rewrite a finished trace file with the current encodings (content and metadata unchanged)."""
-    t = pq.read_table(path)
+    try:
+        t = pq.read_table(path)
+    except (OSError, pa.ArrowException) as e:
+        raise CaptureError(f"cannot read {path} as Parquet: {str(e).splitlines()[0]}") from None
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         pq.write_table(t, tmp, **write_options(t.schema))
         os.replace(tmp, path)
+    except (OSError, pa.ArrowException) as e:
+        raise CaptureError(f"cannot rewrite {path}: {e.strerror if isinstance(e, OSError) and e.strerror else e}") from None
     finally:
         if tmp.exists():
             tmp.unlink()

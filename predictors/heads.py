@@ -175,7 +175,7 @@ class Artifact:
         atomic_write_bytes(Path(path), self.to_bytes())
 
     def describe(self) -> dict:
-        return {"weights": self.source, "weights_path": str(self.path) if self.path else None,
+        return {"weights": self.source, "weights_file": self.path.name if self.path else None,
                 "train_trace": self.meta.get("train_name"), "train_hash": self.meta.get("train_hash"),
                 "artifact_key": self.meta.get("key"), "settings": self.settings,
                 "train_seconds": self.meta.get("train_seconds")}

@@ -467,6 +467,11 @@ class LinearReadout:
         """Lengths in tokens for raw feature rows ``X`` (n, d)."""
         return self.output(self.linear(self.standardize(X)))
 
+    def predict_workload(self, X) -> np.ndarray:
+        """Lengths for a workload's raw rows exactly as :meth:`Leap.bind` computes them (float32
+        standardisation, float64 dot); ``capture-traces signal`` reports these too."""
+        return self.output(self.linear(self.standardize(X, dtype=np.float32)))
+
     def predict_batch(self, X) -> np.ndarray:
         """Lengths for raw rows ``X`` via the folded float32 weights (the serving fast path, batched)."""
         w, b, lo, hi, square, cap = self._raw
@@ -727,7 +732,7 @@ class Leap(Predictor):
         super().bind(workload, rng)
         X = self._check_workload(workload)
         readout = self.readout
-        self._pred = readout.output(readout.linear(readout.standardize(X, dtype=np.float32)))
+        self._pred = readout.predict_workload(X)
         self.refresh_every = None
         if self.use_refresh:
             self._bind_refresh(workload)

@@ -83,7 +83,7 @@ def main() -> int:
                         f"{SKIP})"],
         output_lengths="token count of the dataset's own first ChatGPT reply + 1 end-of-turn token",
         filter="prompt>=4, reply>=4, prompt<=1024, prompt+reply<=2048 (vLLM ShareGPT benchmark filter)",
-        capture_date=datetime.date.today().isoformat(), host=platform.platform(),
+        capture_date=datetime.date.today().isoformat(), host=f"{platform.system()} {platform.machine()}",
         built_by="scripts/build_sharegpt_lengths.py",
     )
     table = table.replace_schema_metadata(meta)

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         header = ["# Shipped baseline weights (numpy .npz, float16 weight matrices). Made with torch "
                   f"{torch.__version__} on the training trace below; a predictor loads its file when the",
                   "# artifact key (hash of method, version, training-trace content hash and settings) matches.",
-                  f"# training trace: {trace.name} sha256 {trace.content_hash}",
+                  f"# training trace: {trace.name} content hash {trace.content_hash}",
                   "# method\tfile\tsha256\tartifact_key\ttrain_seconds\tcommand"]
         (WEIGHTS_DIR / "MANIFEST").write_text("\n".join(header + [old[k] for k in BASELINES if k in old]) + "\n")
         print(f"wrote {len(rows)} weight file(s) and {manifest}")

@@ -27,14 +27,14 @@ import numpy as np
 
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
-from simulator.io import atomic_write_bytes
+from simulator.io import DATA_DIR_ENV, DataDirMissing, atomic_write_bytes, data_dir
 from simulator.runner import NO_PREDICTOR, RunConfig
 from simulator.sweep import add_relative_changes, run_many, run_slug, write_results
 from simulator.trace import TraceError, bundled_trace_names, load_trace
 from simulator.workload import ArrivalSpec, parse_load
 
 ROOT = Path(__file__).resolve().parent.parent
-AZURE_CONV = ROOT.parent / "shared" / "data" / "arrivals" / "AzureLLMInferenceTrace_conv.csv"
+AZURE_CONV = Path("arrivals") / "AzureLLMInferenceTrace_conv.csv"     # under the shared data folder
 BASELINES = ("tie", "ssjf", "ltr", "trail", "egtp")
 PAPER_TABLE3 = ("Paper (real engine, ShareGPT 2.65 req/s, cost included): LEAP's mean PTL is 15.9% below "
                 "LTR and 40.8% below TRAIL; throughput +1.9% over LTR; TTFT about equal to FCFS.")
@@ -227,12 +227,17 @@ class Report:
                                     ("long-decile p95 s", "long_decile_p95_e2e_s", ".2f")]) + "\n")
 
     def azure(self, load: float) -> None:
-        if not AZURE_CONV.is_file():
-            self.sections.append(f"## Azure 2023 arrivals\n\nSkipped: {AZURE_CONV} not found.\n")
+        try:
+            azure_csv = data_dir() / AZURE_CONV
+        except DataDirMissing:
+            azure_csv = None
+        if azure_csv is None or not azure_csv.is_file():
+            self.sections.append(f"## Azure 2023 arrivals\n\nSkipped: {AZURE_CONV.as_posix()} not found in the "
+                                 f"shared data folder (${DATA_DIR_ENV} or ../shared/data).\n")
             return
         trace = self.serving_trace()
         preds = [p for p in ["leap", "leap-rls", "oracle"] if p in PREDICTORS and self.runnable(trace, p)]
-        arrivals = ArrivalSpec("csv", AZURE_CONV)
+        arrivals = ArrivalSpec("csv", azure_csv)
         configs = [self.config(trace, NO_PREDICTOR, "fcfs", load, arrivals=arrivals)] + [
             self.config(trace, p, "countdown", load, arrivals=arrivals) for p in preds]
         rows = self.run(configs, "azure")

@@ -13,7 +13,7 @@ from predictors.base import PredictorOptions
 from simulator.engine import EngineConfig, RunResult, Simulation
 from simulator.metrics import summarize
 from simulator.profiles import DEFAULT_PROFILE, make_profile
-from simulator.trace import Trace, load_trace
+from simulator.trace import Trace, load_trace, trace_reference
 from simulator.workload import ArrivalSpec, make_arrivals, measure_capacity
 
 NO_PREDICTOR = "none"
@@ -46,6 +46,8 @@ class RunConfig:
     def describe(self) -> dict:
         d = asdict(self)
         d["arrivals"] = self.arrivals.describe()
+        d["trace"] = trace_reference(self.trace)        # no absolute paths in shared outputs
+        d["predictor_options"]["train_trace"] = trace_reference(self.predictor_options.train_trace)
         return d
 
 
@@ -85,7 +87,7 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
         **config.describe(),
         "trace_name": trace.name,
         "trace_hash": trace.content_hash,
-        "trace_path": str(trace.path) if trace.path else None,
+        "trace_path": trace_reference(trace.path) if trace.path else None,
         "requests_used": len(workload),
         "policy_settings": policy.describe(),
         "engine_settings": profile.describe(),

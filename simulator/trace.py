@@ -19,6 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from simulator.io import shareable_path
+
 SCHEMA_VERSION = 1
 METADATA_KEY = b"leap.trace"
 
@@ -78,6 +80,24 @@ def resolve_trace_path(path_or_name: str | os.PathLike) -> Path:
         return bundled
     names = ", ".join(bundled_trace_names()) or "none"
     raise TraceError(f"trace {text!r}: not a file and not a bundled trace (bundled: {names})")
+
+
+def trace_reference(spec):
+    """A trace as named in shared outputs (config.json, results): a bundled trace by its name, any
+    other file by :func:`simulator.io.shareable_path` (relative path, or file name + content hash)."""
+    if not isinstance(spec, (str, os.PathLike)):
+        return spec
+    text = str(spec)
+    path = Path(text)
+    if not (path.suffix == ".parquet" or os.sep in text or path.exists()):
+        return text
+    stem = path.name[: -len(".parquet")] if path.name.endswith(".parquet") else None
+    try:
+        bundled = stem is not None and path.is_file() and \
+            path.resolve() == (traces_dir() / path.name).resolve() and stem in bundled_trace_names()
+    except OSError:
+        bundled = False
+    return stem if bundled else shareable_path(path)
 
 
 def side_table_path(trace_path: Path, kind: str) -> Path:
@@ -240,11 +260,33 @@ def _require_columns(path: Path, table: pa.Table, columns) -> None:
         raise TraceError(f"trace {path}: missing required column(s) {', '.join(missing)}")
 
 
-def _file_hash(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
+#: Metadata fields that change what a trace means to a predictor trained on it; everything else
+#: (capture date, host, run timings, local paths) is provenance and stays out of the content hash.
+HASHED_METADATA = ("schema_version", "model_id", "model_revision", "num_layers", "hidden_size", "layers")
+
+
+def _digest_array(digest, arr: pa.Array) -> None:
+    digest.update(f"{arr.type}|{len(arr)}|{arr.null_count}|".encode())
+    if arr.null_count:
+        digest.update(np.packbits(arr.is_null().to_numpy(zero_copy_only=False)).tobytes())
+    if pa.types.is_fixed_size_list(arr.type):
+        _digest_array(digest, arr.flatten())
+    elif pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_boolean(arr.type):
+        digest.update(np.ascontiguousarray(arr.to_numpy(zero_copy_only=False)).tobytes())
+    else:
+        digest.update(json.dumps(arr.to_pylist(), default=str, ensure_ascii=False).encode())
+
+
+def trace_content_hash(table: pa.Table, meta: dict) -> str:
+    """sha256 of what a trace holds: every column (name, type, nulls, values, in file order) and the
+    metadata fields in :data:`HASHED_METADATA`. Independent of the file's encoding, compression,
+    row groups and provenance metadata, so rewriting a file's metadata or repacking it keeps the key
+    of artifacts trained on it (predictors/weights/, the fit caches)."""
+    digest = hashlib.sha256(b"leap.trace.content/1\n")
+    digest.update(json.dumps({k: meta.get(k) for k in HASHED_METADATA}, sort_keys=True).encode())
+    for name in table.column_names:
+        digest.update(f"\n{name}\n".encode())
+        _digest_array(digest, table.column(name).combine_chunks())
     return digest.hexdigest()
 
 
@@ -376,7 +418,7 @@ def load_trace(path_or_name: str | os.PathLike) -> Trace:
         validate_steps(steps, steps_path)
     decode_path = side_table_path(path, "decode")
     name = path.name[: -len(".parquet")] if path.name.endswith(".parquet") else path.name
-    trace = Trace(name=name, path=path, table=table, metadata=meta, content_hash=_file_hash(path),
+    trace = Trace(name=name, path=path, table=table, metadata=meta, content_hash=trace_content_hash(table, meta),
                   steps=steps, decode_path=decode_path if decode_path.is_file() else None)
     _CACHE[key] = trace
     return trace

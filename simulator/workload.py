@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.io import atomic_write_json, cache_dir
+from simulator.io import atomic_write_json, cache_dir, shareable_path
 from simulator.trace import Trace
 
 LOAD_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*[xX]?\s*$")
@@ -49,7 +49,7 @@ class ArrivalSpec:
         return cls("csv", path)
 
     def describe(self) -> str:
-        return str(self.csv_path) if self.kind == "csv" else self.kind
+        return shareable_path(self.csv_path) if self.kind == "csv" else self.kind
 
 
 def read_timestamps_csv(path: Path) -> np.ndarray:

@@ -162,16 +162,11 @@ def test_partial_finalize_keeps_the_parts(tmp_path):
 
 
 def test_report_helpers():
-    from capture.report import Ridge, spearman
+    from capture.report import spearman
 
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 1, 2, 2], [1, 1, 2, 2]) == pytest.approx(1.0)  # ties
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(200, 5))
-    y = X @ np.array([1.0, -2.0, 0.0, 0.5, 0.0]) + 3 + 0.01 * rng.normal(size=200)
-    pred = Ridge(1.0).fit(X[:150], y[:150]).predict(X[150:])
-    assert spearman(pred, y[150:]) > 0.99
 
 
 def test_capture_report_reads_traces_and_skips_side_tables(tmp_path):
