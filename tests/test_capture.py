@@ -222,6 +222,7 @@ def test_model_without_chat_template_exits_2(tmp_path, capsys):
         if f.name in ("chat_template.jinja",) or f.suffix == ".safetensors":
             continue
         shutil.copy(f, d / f.name)
+    (d / "model.safetensors").write_bytes(b"")   # present, so that the template check is reached
     cfgp = d / "tokenizer_config.json"
     cfg = json.loads(cfgp.read_text())
     cfg.pop("chat_template", None)
@@ -287,6 +288,10 @@ def test_transformers_backend_matches_hf_and_resumes(tmp_path):
     assert meta["backend"] == "transformers" and meta["eager"] is True
     assert all(0 < o <= 12 for o in t.column("output_tokens").to_pylist())
     assert t.column("prompt_text").null_count == 8  # a jsonl file's text never travels
+    # nothing that names this machine: no model folder, no host name, the prompt file by name + hash
+    assert "model_path" not in meta and str(MODEL) not in json.dumps(meta)
+    assert os.uname().nodename + ";" not in meta["host"] and meta["model_revision"]
+    assert meta["prompt_sources"] == [f"jsonl:{pf.name}@sha256:{__import__('hashlib').sha256(pf.read_bytes()).hexdigest()[:12]}"]
     dec = pq.read_table(out.with_name("hf.decode.parquet"))
     assert set(dec.column("request_id").to_pylist()) <= set(ids)
     assert set(dec.column("generated_tokens").to_pylist()) <= {4, 8}
