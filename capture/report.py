@@ -21,6 +21,11 @@ import numpy as np
 from . import CaptureError
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (capture.cli prints CaptureError)
+        raise CaptureError(f"{self.prog}: {message}")
+
+
 def _load(path):
     import pyarrow.parquet as pq
 
@@ -89,7 +94,7 @@ def report_rows(paths):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="capture-traces report")
+    p = _Parser(prog="capture-traces report")
     p.add_argument("traces", nargs="+")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
@@ -189,7 +194,7 @@ def signal_rows(train_path, paths, column: str = "feat_last") -> tuple[dict, lis
 
 
 def signal_main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="capture-traces signal",
+    p = _Parser(prog="capture-traces signal",
                                 description="LEAP's read-out trained on --train: 5-fold CV Spearman "
                                             "in-sample, Spearman per domain on the other traces")
     p.add_argument("--train", required=True)

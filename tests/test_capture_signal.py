@@ -138,3 +138,10 @@ def test_model_folder_without_weights_is_refused(tmp_path, capsys):
     assert not out.exists() and not out.with_name(out.name + ".parts").exists()
     (model / "model-00001-of-00002.safetensors").write_bytes(b"")
     assert check_model_dir(str(model)) == model
+
+
+@pytest.mark.parametrize("argv", [["signal"], ["signal", "--train"], ["report", "--bogus", "x"],
+                                  ["signal", "--train", "no-such-trace"]])
+def test_signal_and_report_flags_one_line(argv, capsys):
+    assert main(argv) == 2
+    _one_error_line(capsys)
