@@ -381,7 +381,7 @@ def record(args) -> int:
             "timing": ("closed loop: requests are submitted to the engine as earlier ones finish, "
                        "keeping about max_num_seqs (+1/8) in flight; ttft_s, e2e_s and token_times_s "
                        "are seconds from a request's submission; arrival_s is null (no arrival "
-                       "process); all timings are on this host, in eager mode"),
+                       "process); all timings are on the recording host (`host`), in eager mode"),
             "decode_every_k": args.decode_every,
             "decode_layers": run_config["decode_layers"],
             "run_config": run_config,

@@ -3,7 +3,7 @@
 Model (paper: bert-base-uncased [CLS] -> Linear(768,128) -> ReLU -> Linear(128,128) -> ReLU ->
 Linear(128,K), K = 5 percentile classes, class-weighted cross-entropy). Here:
 - Input: ``text_embedding`` (all-MiniLM-L6-v2, 384-d) -- DEVIATION: a frozen 22M stand-in encoder
-  instead of a fine-tuned BERT-base (no model hub / GPU on this machine); the MLP keeps the paper's
+  instead of a fine-tuned BERT-base (the development VM, 2 x86 vCPUs, had no model hub and no GPU); the MLP keeps the paper's
   shape with its input width adapted: e-128-128-5 (384-128-128-5). Standardised input.
 - Classes: bins at the TRAINING trace's p25/p50/p75/p99 of output length; class k = number of
   edges strictly below the length (L <= p25 -> 0, ..., L > p99 -> 4), as in SSJF's preprocessing.

@@ -4,7 +4,7 @@ Model (paper: DeBERTa-v3-base, pooled [CLS] + mean + max, two MLP heads for the 
 log-t length distribution with nu = 3.5). Here:
 - Input: ``text_embedding`` (all-MiniLM-L6-v2 sentence embedding, recorded at capture time) --
   DEVIATION: a frozen 22M stand-in encoder, whose mean-pooled sentence vector replaces the
-  [CLS]+mean+max concatenation (this machine has no model hub and no GPU to fine-tune DeBERTa).
+  [CLS]+mean+max concatenation (the development VM, 2 x86 vCPUs, had no model hub and no GPU to fine-tune DeBERTa).
   Standardised with the training trace's statistics.
 - Heads (each, as in TIE's code): Linear(e,256) -> LN -> GELU -> Drop 0.2 -> Linear(256,256) -> LN
   -> GELU -> Drop 0.2 -> Linear(256,128) -> GELU -> Drop 0.1 -> Linear(128,1).
