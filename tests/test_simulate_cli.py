@@ -159,7 +159,11 @@ def test_malformed_trace_file(tmp_path):
 
 
 def test_console_script_installed():
-    proc = subprocess.run(["simulate", "--help"], capture_output=True, text=True)
+    # the script installed beside this interpreter (the venv's bin), not whatever PATH holds: a
+    # fresh shell has no venv on PATH
+    script = Path(sys.executable).parent / "simulate"
+    assert script.is_file(), f"console script not installed: {script} (pip install -e .)"
+    proc = subprocess.run([str(script), "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "--load" in proc.stdout
 
 
