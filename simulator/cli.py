@@ -206,6 +206,17 @@ def _print_table(summaries: list[dict]) -> None:
     console.print(table)
 
 
+def _warn_unsaturated(summaries: list[dict], decode_slots: int) -> None:
+    """One line on stderr when some run never gave its policy a choice (too few requests or too
+    low a load to fill the decode slots): its predictors tie with FCFS, which says nothing."""
+    idle = [s for s in summaries if s.get("saturated_share") == 0 and s["policy"] != "fcfs"]
+    if idle:
+        loads = ", ".join(sorted({f"{s['load']:g}x" for s in idle}, key=lambda x: float(x[:-1])))
+        print(f"{PROG}: warning: {len(idle)} of {len(summaries)} run(s) (load {loads}) never had more ready "
+              f"requests than the {decode_slots} decode slots, so the policy never chose and every predictor "
+              f"ties with FCFS; use more requests or a higher --load", file=sys.stderr)
+
+
 def _check_out(out: Path, run_dirs: list[Path]) -> None:
     """Fail before any run if an output folder cannot be made (a file in the way, no permission)."""
     for path in [out, *run_dirs]:
@@ -247,6 +258,7 @@ def run(argv: list[str] | None = None) -> int:
     else:
         summaries = run_many(configs, out=args.out, jobs=jobs, executor=args.executor, prepared=single)
     add_relative_changes(summaries)
+    _warn_unsaturated(summaries, args.decode_slots)
     if args.out is not None:
         write_results(args.out, summaries)
         if args.plots:
