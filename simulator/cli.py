@@ -21,7 +21,7 @@ from predictors import PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.engine import EngineConfig
 from simulator.profiles import DEFAULT_PROFILE, PROFILES
-from simulator.runner import NO_PREDICTOR, RunConfig, prepare
+from simulator.runner import MAX_SEED, NO_PREDICTOR, RunConfig, prepare
 from simulator.sweep import add_relative_changes, run_many, run_slug, write_results
 from simulator.trace import TraceError, bundled_trace_names, load_trace
 from simulator.workload import ArrivalSpec, parse_load
@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _configs(args) -> list[RunConfig]:
+    if args.seed + args.seeds - 1 > MAX_SEED:   # results tables store seeds as int64
+        raise UsageError(f"--seed {args.seed} --seeds {args.seeds}: seeds must stay below 2**63 "
+                         f"(the last would be {args.seed + args.seeds - 1})")
     trace_name = args.trace
     if trace_name is None:   # the recorded serving trace once it is complete, else the lengths-only one
         names = bundled_trace_names()
@@ -217,13 +220,15 @@ def _warn_unsaturated(summaries: list[dict], decode_slots: int) -> None:
               f"ties with FCFS; use more requests or a higher --load", file=sys.stderr)
 
 
-def _check_out(out: Path, run_dirs: list[Path]) -> None:
-    """Fail before any run if an output folder cannot be made (a file in the way, no permission)."""
+def _check_out(out: Path, run_dirs: list[Path], created: list[Path]) -> None:
+    """Fail before any run if an output folder cannot be made (a file in the way, no permission).
+    Folders made here are added to ``created``, so that those still empty after a failure can go."""
     for path in [out, *run_dirs]:
         blocker = next((p for p in [path, *path.parents] if p.exists() and not p.is_dir()), None)
         if blocker is not None:
             raise UsageError(f"--out {out}: {blocker} exists and is not a folder")
     for path in [out, *run_dirs]:
+        created.extend(p for p in [path, *path.parents] if not p.exists() and p not in created)
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -232,7 +237,17 @@ def _check_out(out: Path, run_dirs: list[Path]) -> None:
         raise UsageError(f"--out {out}: folder is not writable")
 
 
-def run(argv: list[str] | None = None) -> int:
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders of this list that are empty, deepest first (what a failed run made)."""
+    for path in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+        try:
+            path.rmdir()
+        except OSError:   # not empty (a run wrote there), or already gone
+            pass
+
+
+def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int:
+    """The command; output folders it makes are listed in ``created`` (see :func:`main`)."""
     args = build_parser().parse_args(argv)
     configs = _configs(args)
     if args.plots and args.out is None:
@@ -246,7 +261,8 @@ def run(argv: list[str] | None = None) -> int:
         if len(configs) == 1 and args.executor == "local":
             single = prepared
     if args.out is not None:
-        _check_out(args.out, [args.out] if len(configs) == 1 else [args.out / run_slug(c) for c in configs])
+        _check_out(args.out, [args.out] if len(configs) == 1 else [args.out / run_slug(c) for c in configs],
+                   created if created is not None else [])
     jobs = args.jobs or os.cpu_count() or 1
     show_progress = not args.quiet and not args.json and sys.stderr.isatty()
     if show_progress:
@@ -274,8 +290,9 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    created: list[Path] = []
     try:
-        return run(argv)
+        return run(argv, created)
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -287,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        _remove_empty(created)   # after an error, no empty run folders are left behind
 
 
 if __name__ == "__main__":
