@@ -3,6 +3,9 @@
 Replays 4,000 requests of the default trace at 1.0x capacity with FCFS and with countdown + the
 oracle (target: >= 5,000 requests per CPU-second). Figures are medians over --repeat runs; the
 machine is shared, so compare ratios from one run rather than absolute numbers across runs.
+A trace with fewer requests than ``--requests`` is tiled: whole copies of it, each shuffled with a
+fixed seed (ids suffixed ``#copy``), cut to the count, written to a temporary trace file (request
+columns only; the oracle needs no features). The same arguments replay the same requests.
 
     python benchmarks/bench_simulator.py [--trace NAME] [--requests 4000] [--repeat 5]
 """
@@ -13,13 +16,38 @@ import argparse
 import resource
 import statistics
 import sys
+import tempfile
 import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simulator.runner import RunConfig, execute, prepare  # noqa: E402
-from simulator.trace import bundled_trace_names  # noqa: E402
+from simulator.trace import REQUIRED_COLUMNS, bundled_trace_names, load_trace  # noqa: E402
+
+TILE_SEED = 0
+
+
+def tiled_trace(name: str, requests: int, folder: Path) -> tuple[str, int]:
+    """The trace itself when it has enough requests, else the path of a tiled copy; and its size."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    trace = load_trace(name)
+    n = len(trace)
+    if requests <= n:
+        return name, n
+    rng = np.random.default_rng(TILE_SEED)
+    copies = -(-requests // n)
+    rows = np.concatenate([rng.permutation(n) for _ in range(copies)])[:requests]
+    copy = np.repeat(np.arange(copies), n)[:requests]
+    table = trace.table.select(list(REQUIRED_COLUMNS)).take(pa.array(rows))
+    ids = [f"{rid}#{c}" for rid, c in zip(table.column("request_id").to_pylist(), copy.tolist())]
+    table = table.set_column(0, "request_id", pa.array(ids, pa.string()))
+    path = folder / f"{trace.name}-x{requests}.parquet"
+    pq.write_table(table.replace_schema_metadata(trace.table.schema.metadata), path)
+    return str(path), n
 
 
 def main() -> int:
@@ -30,19 +58,27 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--load", type=float, default=1.0)
     args = ap.parse_args()
+    if args.requests < 1 or args.repeat < 1 or not args.load > 0:
+        ap.error("--requests and --repeat must be >= 1 and --load > 0")
+    with tempfile.TemporaryDirectory(prefix="bench-sim-") as folder:
+        return bench(args, *tiled_trace(args.trace, args.requests, Path(folder)))
+
+
+def bench(args, trace: str, trace_requests: int) -> int:
     cases = [("fcfs", "none"), ("countdown", "oracle")]
-    print(f"trace {args.trace}, {args.requests} requests, load {args.load}x, engine qwen3-8b-h100")
+    tiled = f" (tiled from {trace_requests:,})" if trace != args.trace else ""
+    print(f"trace {args.trace}, {args.requests} requests{tiled}, load {args.load}x, engine qwen3-8b-h100")
     for policy, predictor in cases:
         rates, steps, peaks = [], 0, []
         for _ in range(args.repeat):
-            prepared = prepare(RunConfig(trace=args.trace, predictor=predictor, policy=policy, load=args.load,
+            prepared = prepare(RunConfig(trace=trace, predictor=predictor, policy=policy, load=args.load,
                                          requests=args.requests))
             tracemalloc.start()
             summary, result = execute(prepared)
             peaks.append(tracemalloc.get_traced_memory()[1])
             tracemalloc.stop()
             # tracemalloc slows Python; time a clean run for the rate
-            prepared = prepare(RunConfig(trace=args.trace, predictor=predictor, policy=policy, load=args.load,
+            prepared = prepare(RunConfig(trace=trace, predictor=predictor, policy=policy, load=args.load,
                                          requests=args.requests))
             summary, result = execute(prepared)
             rates.append(summary["completed"] / result.sim_cpu_s)

@@ -23,4 +23,8 @@ fi
 # Ray is optional: its test runs a local Ray instance if it installs, and skips with the reason if not
 "$VENV/bin/python" -m pip install -q "ray>=2.9" || echo "test.sh: ray could not be installed; the Ray test will skip" >&2
 echo "test.sh: environment ready in $(( $(date +%s) - start )) s ($VENV)"
-exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
+tests_start=$(date +%s)
+status=0
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@" || status=$?
+echo "test.sh: tests ran in $(( $(date +%s) - tests_start )) s; $(( $(date +%s) - start )) s in all"
+exit "$status"

@@ -21,7 +21,7 @@ from predictors import PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.engine import EngineConfig
 from simulator.profiles import DEFAULT_PROFILE, PROFILES
-from simulator.runner import NO_PREDICTOR, RunConfig, prepare
+from simulator.runner import MAX_SEED, NO_PREDICTOR, RunConfig, prepare
 from simulator.sweep import add_relative_changes, run_many, run_slug, write_results
 from simulator.trace import TraceError, bundled_trace_names, load_trace
 from simulator.workload import ArrivalSpec, parse_load
@@ -110,10 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plots", action="store_true", help="write PNG figures next to the results table (needs --out)")
     p.add_argument("--json", action="store_true", help="print each run's summary as one JSON line")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--wide", action="store_true", help="table with every figure (default: compact, 100 columns)")
     return p
 
 
 def _configs(args) -> list[RunConfig]:
+    if args.seed + args.seeds - 1 > MAX_SEED:   # results tables store seeds as int64
+        raise UsageError(f"--seed {args.seed} --seeds {args.seeds}: seeds must stay below 2**63 "
+                         f"(the last would be {args.seed + args.seeds - 1})")
     trace_name = args.trace
     if trace_name is None:   # the recorded serving trace once it is complete, else the lengths-only one
         names = bundled_trace_names()
@@ -172,47 +176,118 @@ def _configs(args) -> list[RunConfig]:
     return configs
 
 
-def _print_table(summaries: list[dict]) -> None:
+def _seconds(value) -> str:
+    """Three significant figures, never scientific notation: 0.0295, 7.53, 60.2, 109, 1534."""
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
+def _change(value, base) -> float | None:
+    return (value - base) / base if value is not None and base else None
+
+
+#: Compact table (fits 100 columns): (header, summary key or derived column).
+COMPACT_COLUMNS = [("predictor", "predictor"), ("policy", "policy"), ("load", "load"),
+                   ("mean PTL", "mean_ptl_s"), ("vs FCFS", "vs_fcfs_mean_ptl_s"),
+                   ("mean e2e", "mean_e2e_s"), ("p95 e2e", "p95_e2e_s"), ("p95 vs FCFS", "vs_fcfs_p95_e2e_s"),
+                   ("mean TTFT", "mean_ttft_s")]
+WIDE_COLUMNS = [("predictor", "predictor"), ("policy", "policy"), ("load", "load"),
+                ("mean PTL", "mean_ptl_s"), ("vs FCFS", "vs_fcfs_mean_ptl_s"),
+                ("PTL vs LEAP", "vs_leap_mean_ptl_s"), ("mean e2e", "mean_e2e_s"), ("p50 e2e", "p50_e2e_s"),
+                ("p95 e2e", "p95_e2e_s"), ("p95 vs FCFS", "vs_fcfs_p95_e2e_s"), ("p99 e2e", "p99_e2e_s"),
+                ("mean TTFT", "mean_ttft_s"), ("long p95", "long_decile_p95_e2e_s"), ("tok/s", "throughput_tok_s"),
+                ("Spearman", "spearman"), ("Kendall", "kendall_tau"), ("saturated", "saturated_share"),
+                ("sim CPU s", "sim_cpu_s")]
+#: One line (under 100 characters) defining the terms of the compact table.
+LEGEND = "s | e2e: arrival to last token | PTL: per-token latency, e2e / output tokens | TTFT: to first token"
+WIDE_LEGEND = (" | vs: change against FCFS (LEAP) at the same load and seed, - is faster | long p95: p95 e2e of "
+               "the longest-output decile | saturated: share of steps with more ready requests than decode "
+               "slots | sim CPU s: CPU seconds of the simulation loop")
+
+
+def _print_table(summaries: list[dict], wide: bool = False) -> None:
+    """A compact table that fits 100 columns (``--wide``: every figure), a one-line legend, and the
+    trade-off of each length-aware run against FCFS in words."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    def fmt(value, digits=3):
-        if value is None:
-            return "-"
+    def key(s):
+        return (s["trace"], s["engine"], s["arrivals"], s["load"], s["seed"])
+
+    fcfs = {key(s): s for s in summaries if s["predictor"] == NO_PREDICTOR and s["policy"] == "fcfs"}
+    rows = []
+    for s in summaries:
+        base = fcfs.get(key(s))
+        rows.append({**s, "vs_fcfs_p95_e2e_s": _change(s.get("p95_e2e_s"), base and base.get("p95_e2e_s")),
+                     "vs_fcfs_mean_ptl_s": s.get("vs_fcfs_mean_ptl_s") if len(summaries) > 1 else None})
+    columns = list(WIDE_COLUMNS if wide else COMPACT_COLUMNS)
+    if not fcfs or len(summaries) == 1:
+        columns = [c for c in columns if not c[1].startswith("vs_fcfs")]
+    if not any(s["predictor"] == "leap" for s in summaries):
+        columns = [c for c in columns if c[1] != "vs_leap_mean_ptl_s"]   # always "-" without a leap run
+    if len({s["seed"] for s in summaries}) > 1:
+        columns.insert(3, ("seed", "seed"))
+
+    def cell(s, name):
+        value = s.get(name)
+        if name == "load":
+            return f"{value:g}x"
+        if name.startswith("vs_"):
+            return "-" if value is None else f"{round(value * 100):+d}%".replace("+0%", "0%")
+        if name in ("spearman", "kendall_tau", "saturated_share"):
+            return f"{value:.3f}" if value is not None else "-"
+        if name == "throughput_tok_s":
+            return f"{value:.0f}" if value is not None else "-"
         if isinstance(value, float):
-            return f"{value:.{digits}f}"
-        return str(value)
+            return _seconds(value)
+        return "-" if value is None else str(value)
 
     first = summaries[0]
     table = Table(title=f"trace {first['trace']} | engine {first['engine']} | "
-                        f"capacity {first['capacity_req_s']:.3f} req/s | {first['arrived']} requests")
-    columns = [("predictor", "predictor"), ("policy", "policy"), ("load", "load"),
-               ("mean PTL s", "mean_ptl_s"), ("mean e2e s", "mean_e2e_s"), ("p50 e2e", "p50_e2e_s"),
-               ("p95 e2e", "p95_e2e_s"), ("p99 e2e", "p99_e2e_s"), ("mean TTFT", "mean_ttft_s"),
-               ("long p95", "long_decile_p95_e2e_s"), ("tok/s", "throughput_tok_s"),
-               ("Spearman", "spearman"), ("Kendall", "kendall_tau"), ("sim CPU s", "sim_cpu_s")]
-    if len({s["seed"] for s in summaries}) > 1:
-        columns.insert(3, ("seed", "seed"))
-    if len(summaries) > 1:
-        at = columns.index(("mean PTL s", "mean_ptl_s")) + 1
-        columns[at:at] = [("PTL vs FCFS", "vs_fcfs_mean_ptl_s"), ("PTL vs LEAP", "vs_leap_mean_ptl_s")]
-    for header, _ in columns:
-        table.add_column(header, justify="right" if header not in ("predictor", "policy") else "left")
-    for s in summaries:
-        table.add_row(*[f"{s['load']:g}x" if key == "load" else
-                        (f"{s[key]:+.1%}" if s.get(key) is not None else "-") if key.startswith("vs_") else
-                        fmt(s.get(key), 1 if key == "throughput_tok_s" else 3) for _, key in columns])
-    console = Console() if sys.stdout.isatty() else Console(width=200)
+                        f"capacity {first['capacity_req_s']:.3f} req/s | {first['arrived']} requests",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for header, name in columns:
+        table.add_column(header, justify="left" if name in ("predictor", "policy") else "right",
+                         no_wrap=name in ("predictor", "policy"))
+    for s in rows:
+        table.add_row(*[cell(s, name) for _, name in columns])
+    console = Console() if sys.stdout.isatty() else Console(width=240 if wide else 100)
     console.print(table)
+    console.print(LEGEND + (WIDE_LEGEND if wide else ""), highlight=False, soft_wrap=True)
+    others = [s for s in rows if s["predictor"] != NO_PREDICTOR and key(s) in fcfs]
+    if 0 < len(others) <= 3:
+        for s in others:
+            base = fcfs[key(s)]
+            ptl, p95 = s.get("vs_fcfs_mean_ptl_s"), s.get("vs_fcfs_p95_e2e_s")
+            if ptl is None or p95 is None:
+                continue
+            console.print(f"{s['predictor']} + {s['policy']} at {s['load']:g}x vs FCFS: mean PTL "
+                          f"{'cut' if ptl < 0 else 'up'} {abs(ptl):.0%}; p95 e2e {_seconds(base['p95_e2e_s'])} s -> "
+                          f"{_seconds(s['p95_e2e_s'])} s ({p95:+.0%})", highlight=False, soft_wrap=True)
 
 
-def _check_out(out: Path, run_dirs: list[Path]) -> None:
-    """Fail before any run if an output folder cannot be made (a file in the way, no permission)."""
+def _warn_unsaturated(summaries: list[dict], decode_slots: int) -> None:
+    """One line on stderr when some run never gave its policy a choice (too few requests or too
+    low a load to fill the decode slots): its predictors tie with FCFS, which says nothing."""
+    idle = [s for s in summaries if s.get("saturated_share") == 0 and s["policy"] != "fcfs"]
+    if idle:
+        loads = ", ".join(sorted({f"{s['load']:g}x" for s in idle}, key=lambda x: float(x[:-1])))
+        print(f"{PROG}: warning: {len(idle)} of {len(summaries)} run(s) (load {loads}) never had more ready "
+              f"requests than the {decode_slots} decode slots, so the policy never chose and every predictor "
+              f"ties with FCFS; use more requests or a higher --load", file=sys.stderr)
+
+
+def _check_out(out: Path, run_dirs: list[Path], created: list[Path]) -> None:
+    """Fail before any run if an output folder cannot be made (a file in the way, no permission).
+    Folders made here are added to ``created``, so that those still empty after a failure can go."""
     for path in [out, *run_dirs]:
         blocker = next((p for p in [path, *path.parents] if p.exists() and not p.is_dir()), None)
         if blocker is not None:
             raise UsageError(f"--out {out}: {blocker} exists and is not a folder")
     for path in [out, *run_dirs]:
+        created.extend(p for p in [path, *path.parents] if not p.exists() and p not in created)
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -221,7 +296,17 @@ def _check_out(out: Path, run_dirs: list[Path]) -> None:
         raise UsageError(f"--out {out}: folder is not writable")
 
 
-def run(argv: list[str] | None = None) -> int:
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders of this list that are empty, deepest first (what a failed run made)."""
+    for path in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+        try:
+            path.rmdir()
+        except OSError:   # not empty (a run wrote there), or already gone
+            pass
+
+
+def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int:
+    """The command; output folders it makes are listed in ``created`` (see :func:`main`)."""
     args = build_parser().parse_args(argv)
     configs = _configs(args)
     if args.plots and args.out is None:
@@ -235,7 +320,8 @@ def run(argv: list[str] | None = None) -> int:
         if len(configs) == 1 and args.executor == "local":
             single = prepared
     if args.out is not None:
-        _check_out(args.out, [args.out] if len(configs) == 1 else [args.out / run_slug(c) for c in configs])
+        _check_out(args.out, [args.out] if len(configs) == 1 else [args.out / run_slug(c) for c in configs],
+                   created if created is not None else [])
     jobs = args.jobs or os.cpu_count() or 1
     show_progress = not args.quiet and not args.json and sys.stderr.isatty()
     if show_progress:
@@ -247,32 +333,39 @@ def run(argv: list[str] | None = None) -> int:
     else:
         summaries = run_many(configs, out=args.out, jobs=jobs, executor=args.executor, prepared=single)
     add_relative_changes(summaries)
+    _warn_unsaturated(summaries, args.decode_slots)
     if args.out is not None:
         write_results(args.out, summaries)
         if args.plots:
             from simulator.plots import write_plots
             dirs = [args.out] if len(configs) == 1 else [args.out / run_slug(c) for c in configs]
             write_plots(summaries, args.out, dirs)
+        print(f"{PROG}: wrote {len(summaries)} run(s) to {args.out}", file=sys.stderr)
     if args.json:
         for summary in summaries:
             print(json.dumps(summary, sort_keys=True), flush=True)
     else:
-        _print_table(summaries)
+        _print_table(summaries, wide=args.wide)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    created: list[Path] = []
     try:
-        return run(argv)
+        return run(argv, created)
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:   # a closed output pipe: simulator.entry ends quietly
+        raise
     except (TraceError, ValueError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        _remove_empty(created)   # after an error, no empty run folders are left behind
 
 
 if __name__ == "__main__":

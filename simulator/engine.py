@@ -28,6 +28,10 @@ from simulator.trace import Trace
 NOT_YET = np.nan
 
 
+class SimulationStalled(RuntimeError):
+    """A step with requests in the system admitted and decoded nothing: the run would never end."""
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Engine limits (defaults: the paper's vLLM setup)."""
@@ -95,6 +99,7 @@ class RunResult:
     step_log: StepLog | None = None
     output_kind: str = "length"       # the predictor's output: "length", or "rank" (no MAE)
     mae_in_use: float | None = None   # |estimate - true length| per decoded token, refreshes included
+    contended_steps: int = 0          # steps in which the policy's order decided something (see _step_loop)
 
     @property
     def makespan_s(self) -> float:
@@ -147,6 +152,7 @@ class Simulation:
         self.cpu_s = 0.0
         self.updates = 0
         self.kv_used = 0
+        self.contended = 0
         self.log = StepLog() if self.record_steps else None
 
         pred = self.predictor
@@ -179,7 +185,8 @@ class Simulation:
             forced_steps=self.forced_steps, steps=self.step, gpu_s_charged=self.gpu_s,
             predictor_cpu_s=self.cpu_s, updates_published=self.updates, sim_cpu_s=sim_cpu_s,
             step_log=self.log, output_kind=pred.output if pred is not None else "length",
-            mae_in_use=self.in_use_abs_error / self.in_use_decodes if self.in_use_decodes else None)
+            mae_in_use=self.in_use_abs_error / self.in_use_decodes if self.in_use_decodes else None,
+            contended_steps=self.contended)
 
     # ------------------------------------------------------------------ predictor plumbing
     def _set_predictions(self, rows: np.ndarray, values: np.ndarray, now: float) -> None:
@@ -304,6 +311,15 @@ class Simulation:
             ready = self.resident
             admit = self._admit(arrived)
             chosen, n_forced = self._choose_decodes(ready)
+            if not len(admit) and not len(chosen):
+                raise SimulationStalled(
+                    f"step {self.step} at t={now:.6g} s admitted and decoded nothing with "
+                    f"{len(ready)} resident and {arrived - self.n_admitted} waiting requests "
+                    f"(decode_slots={cfg.decode_slots}, max_resident={cfg.max_resident})")
+            # the policy chose: more ready requests than decode slots, or (policy-ordered
+            # admission) requests left waiting
+            if len(ready) > cfg.decode_slots or (self.ordered_admission and arrived - self.n_admitted > 0):
+                self.contended += 1
             if track_error and len(chosen):   # error of the estimate each decoded request is scheduled on
                 self.in_use_abs_error += float(np.abs(self.predicted[chosen] - length[chosen]).sum())
                 self.in_use_decodes += len(chosen)

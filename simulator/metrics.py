@@ -114,6 +114,9 @@ def summarize(result: RunResult, **context) -> dict:
         "makespan_s": _num(span),
         "steps": int(result.steps),
         "forced_steps": int(result.forced_steps.sum()),
+        # share of steps in which the policy's order decided something (more ready requests than
+        # decode slots); 0 means every policy gives FCFS's result on this run
+        "saturated_share": _num(result.contended_steps / result.steps) if result.steps else None,
         "requests_forced": int((result.forced_steps > 0).sum()),
         "gpu_s_charged": _num(result.gpu_s_charged),
         "predictor_cpu_s": _num(result.predictor_cpu_s),

@@ -312,6 +312,8 @@ def main(argv=None) -> int:
         report.azure(1.0)
         command = "leap-report" + (f" --requests {args.requests}" if args.requests else "")
         path = report.write(command)
+    except BrokenPipeError:   # a closed output pipe: simulator.entry ends quietly
+        raise
     except (TraceError, ValueError, OSError) as exc:
         print(f"leap-report: error: {exc}", file=sys.stderr)
         return 2

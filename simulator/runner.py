@@ -17,6 +17,8 @@ from simulator.trace import Trace, load_trace, trace_reference
 from simulator.workload import ArrivalSpec, make_arrivals, measure_capacity
 
 NO_PREDICTOR = "none"
+#: Largest seed: results tables store it as a Parquet int64.
+MAX_SEED = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,8 @@ class RunConfig:
             raise ValueError(f"load must be a positive multiple of capacity, got {self.load}")
         if self.requests is not None and self.requests < 1:
             raise ValueError(f"--requests must be >= 1, got {self.requests}")
-        if self.seed < 0:
-            raise ValueError(f"--seed must be >= 0, got {self.seed}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"--seed must be between 0 and 2**63 - 1 (stored as int64), got {self.seed}")
 
     def describe(self) -> dict:
         d = asdict(self)

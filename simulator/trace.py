@@ -44,6 +44,10 @@ FEATURE_COLUMNS = ("feat_last", "feat_mean", "feat_entropy_pooled", "text_embedd
 FINISH_REASONS = frozenset({"stop", "length"})
 STEPS_COLUMNS = ("step_index", "step_s", "prefill_tokens", "decode_requests")
 DECODE_COLUMNS = ("request_id", "generated_tokens", "layer", "vector")
+#: Largest prompt_tokens / output_tokens / max_tokens a request may have: 2**20 tokens, beyond any
+#: served model's context window. A larger count is a corrupt row (an int32 overflow, a sentinel
+#: such as 2**31 - 1); replayed, it would run for hours, one engine step per token.
+MAX_REQUEST_TOKENS = 1 << 20
 
 
 class TraceError(ValueError):
@@ -212,8 +216,9 @@ class Trace:
         except (OSError, pa.ArrowException) as exc:
             raise TraceError(f"trace {self.decode_path}: not a readable Parquet file ({exc})") from None
         _require_columns(self.decode_path, table, DECODE_COLUMNS)
-        index = {rid: i for i, rid in enumerate(self.request_id.tolist())}
         ids = table.column("request_id").to_pylist()
+        self._check_decode_ids(ids)
+        index = {rid: i for i, rid in enumerate(self.request_id.tolist())}
         keep = np.fromiter((rid in index for rid in ids), dtype=bool, count=len(ids))
         rows = np.fromiter((index[rid] for rid, k in zip(ids, keep) if k), dtype=np.int64, count=int(keep.sum()))
         table = table.filter(pa.array(keep))
@@ -222,6 +227,16 @@ class Trace:
         order = np.lexsort((generated, rows))
         return rows[order], generated[order], vectors[order]
 
+    def _check_decode_ids(self, ids: list) -> None:
+        """Every id of the decode side table must be a request of the trace file (the contract):
+        a row of another trace's table would otherwise be dropped without a word."""
+        known = set(pq.read_table(self.path, columns=["request_id"]).column("request_id").to_pylist()) \
+            if self.path is not None and self.path.is_file() else set(self.request_id.tolist())
+        for row, rid in enumerate(ids):
+            if rid not in known:
+                raise TraceError(f"trace {self.decode_path}: column request_id: row {row}: "
+                                 f"unknown request id {rid!r}")
+
     def decode_features(self) -> pa.Table:
         """The decode side table, validated against the trace file's ids and restricted to this
         trace's requests (so it also works on a ``take`` sub-trace)."""
@@ -229,13 +244,8 @@ class Trace:
             raise TraceError(f"trace {self.name}: has no decode side table")
         table = _read_parquet(self.decode_path)
         _require_columns(self.decode_path, table, DECODE_COLUMNS)
-        known = set(pq.read_table(self.path, columns=["request_id"]).column("request_id").to_pylist()) \
-            if self.path is not None else set(self.request_id.tolist())
         ids = table.column("request_id").to_pylist()
-        for row, rid in enumerate(ids):
-            if rid not in known:
-                raise TraceError(f"trace {self.decode_path}: column request_id: row {row}: "
-                                 f"unknown request id {rid!r}")
+        self._check_decode_ids(ids)
         mine = set(self.request_id.tolist())
         return table.filter(pa.array([rid in mine for rid in ids]))
 
@@ -335,6 +345,10 @@ def validate_table(table: pa.Table, meta: dict, path: Path) -> None:
         if (values < 1).any():
             row = _first_true(values < 1)
             raise TraceError(f"trace {path}: column {column}: row {row}: must be >= 1, found {values[row]}")
+        if (values > MAX_REQUEST_TOKENS).any():
+            row = _first_true(values > MAX_REQUEST_TOKENS)
+            raise TraceError(f"trace {path}: column {column}: row {row}: {values[row]} tokens is beyond any "
+                             f"model's context (limit {MAX_REQUEST_TOKENS:,}); a corrupt value?")
     reasons = table.column("finish_reason").to_pylist()
     for row, reason in enumerate(reasons):
         if reason not in FINISH_REASONS:

@@ -169,8 +169,10 @@ def test_capacity_is_saturated_fcfs_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path))
     trace = trace_from_arrays("c", [1] * 6, [4] * 6)
     cap = measure_capacity(trace, UnitProfile(), EngineConfig(decode_slots=2))
-    # all queued at t=0: one prefill step, then 2 slots decode 6 x 3 tokens in 9 steps -> 6 req / 10 s
-    assert cap == pytest.approx(0.6)
+    # steady state of a long stream of this mix: each request needs 3 decode tokens after its
+    # prefill (first token), 2 decode slots per 1 s step -> 2/3 request per second (the old
+    # "6 requests / makespan" gave 0.6: one prefill step and no steady state)
+    assert cap == pytest.approx(2 / 3, rel=1e-9)
     assert (tmp_path / "capacity.json").is_file()
     assert measure_capacity(trace, UnitProfile(), EngineConfig(decode_slots=2)) == cap
 

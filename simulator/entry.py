@@ -1,0 +1,66 @@
+"""Console-script entry points (``[project.scripts]``): set the process up, then run the command.
+
+Two things every command needs before its own code loads:
+
+- One BLAS thread by default. numpy reads ``OPENBLAS_NUM_THREADS`` (and MKL/OpenMP builds their
+  variables) once, when it is first imported, so they are set here, before the command module
+  imports numpy. Multi-threaded BLAS made ``simulate --predictor all`` cost 5.7x the CPU on two
+  cores and changed results with the core count (floating-point sums split across threads); with
+  one thread the same seed gives the same figures on any machine. Worker processes (sweeps, Ray)
+  inherit the environment. The variables are only defaults: a value the user exported is kept.
+- A closed output pipe (``simulate --json | head``) ends the command quietly, as it does ``head``'s
+  other writers, instead of a "Broken pipe" error.
+
+This module imports nothing heavy: it must run before numpy is loaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+#: BLAS/OpenMP thread variables pinned to 1 unless already set.
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+#: capture-traces sizes torch's OpenMP/MKL threads itself (``--threads``); only numpy's OpenBLAS
+#: is pinned there, which torch's CPU build does not use.
+NUMPY_ONLY_VARS = ("OPENBLAS_NUM_THREADS",)
+#: Exit status after a closed output pipe: what a process killed by SIGPIPE reports in a shell.
+BROKEN_PIPE_STATUS = 128 + 13
+
+
+def pin_blas_threads(names: tuple[str, ...] = BLAS_THREAD_VARS) -> None:
+    """Default each variable to one thread; a value already in the environment wins."""
+    for name in names:
+        os.environ.setdefault(name, "1")
+
+
+def _run(target: str, thread_vars: tuple[str, ...] = BLAS_THREAD_VARS) -> int:
+    pin_blas_threads(thread_vars)
+    module, _, func = target.partition(":")
+    try:
+        status = getattr(importlib.import_module(module), func)()
+        sys.stdout.flush()   # a pipe closed after the last write shows up here
+        return status
+    except BrokenPipeError:
+        # the reader went away: nothing more can be shown; point stdout at /dev/null so that the
+        # interpreter's own final flush does not print a second error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return BROKEN_PIPE_STATUS
+
+
+def simulate() -> int:
+    return _run("simulator.cli:main")
+
+
+def leap_report() -> int:
+    return _run("simulator.report:main")
+
+
+def evaluate_predictors() -> int:
+    return _run("predictors.evaluate:main")
+
+
+def capture_traces() -> int:
+    return _run("capture.cli:main", NUMPY_ONLY_VARS)

@@ -1,0 +1,64 @@
+"""Every benchmark runs as documented (a tiny configuration here, so that they cannot rot)."""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from simulator.trace import bundled_trace_names, load_trace, trace_from_arrays, trace_metadata
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench_env(tmp_path):
+    return {**os.environ, "PYTHONPATH": str(ROOT), "LEAP_CACHE_DIR": str(tmp_path / "cache")}
+
+
+def load_bench_simulator():
+    spec = importlib.util.spec_from_file_location("bench_simulator", ROOT / "benchmarks" / "bench_simulator.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_simulator_tiles_a_short_default_trace(tmp_path):
+    # the documented default: 4,000 requests of the default trace, which has fewer (1,595)
+    bench = load_bench_simulator()
+    default = next(t for t in ("sharegpt", "sharegpt-lengths") if t in bundled_trace_names())
+    source = load_trace(default)
+    path, n = bench.tiled_trace(default, 4000, tmp_path)
+    tiled = load_trace(path)
+    assert n == len(source) and len(tiled) == 4000 and len(set(tiled.request_id)) == 4000
+    counts = collections.Counter(rid.rsplit("#", 1)[0] for rid in tiled.request_id)
+    assert set(counts) <= set(source.request_id) and set(counts.values()) <= {4000 // n, 4000 // n + 1}
+    (tmp_path / "again").mkdir()
+    again = load_trace(bench.tiled_trace(default, 4000, tmp_path / "again")[0])
+    assert list(again.request_id) == list(tiled.request_id)   # same arguments, same requests
+    assert bench.tiled_trace(default, 100, tmp_path) == (default, n)   # enough requests: the trace itself
+
+
+def test_bench_simulator_runs(tmp_path):
+    trace = trace_from_arrays("tiny", [20] * 40, list(range(2, 42)))
+    path = tmp_path / "tiny.parquet"
+    pq.write_table(trace.table.replace_schema_metadata(trace_metadata()), path)
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_simulator.py"), "--trace", str(path),
+                           "--requests", "150", "--repeat", "1"], capture_output=True, text=True,
+                          env=bench_env(tmp_path), cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "150 requests (tiled from 40)" in proc.stdout
+    assert proc.stdout.count("requests/CPU-s") == 2
+
+
+def test_bench_leap_runs(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_leap.py"), "--d", "64", "--n", "2000",
+                           "--quick", "--json"], capture_output=True, text=True,
+                          env=bench_env(tmp_path), cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert isinstance(json.loads(proc.stdout), dict)

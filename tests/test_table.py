@@ -1,0 +1,65 @@
+"""simulate's console table: compact by default (fits 100 columns, nothing cut), one legend line,
+the trade-off against FCFS in words; --wide has every figure; --out says where it wrote."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.cli import COMPACT_COLUMNS, LEGEND, WIDE_COLUMNS, main
+
+TRACE = "sharegpt-lengths"
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def table(capsys, *args):
+    assert main(["--trace", TRACE, "--requests", "300", "--quiet", *args]) == 0
+    return capsys.readouterr()
+
+
+def test_compact_table_fits_100_columns_uncut(capsys):
+    # longest names: every predictor, the longest policy, several seeds and loads
+    out = table(capsys, "--predictor", "none,oracle,noisy-oracle", "--policy", "countdown,trail-preemption",
+                "--load", "1x,1.5x", "--seeds", "2", "--jobs", "1").out
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    assert "…" not in out
+    for header, _ in COMPACT_COLUMNS:   # a header may wrap onto two lines at this width; values never
+        assert all(word in out for word in header.split())
+    rows = [x.split() for x in lines if x.split()[:1] in (["none"], ["oracle"], ["noisy-oracle"])]
+    assert len(rows) == 2 * 2 * 5   # seeds x loads x (FCFS + 2 predictors x 2 policies)
+    assert all(len(r) == len(COMPACT_COLUMNS) + 1 for r in rows)   # + seed; every cell whole
+    assert {r[1] for r in rows} == {"fcfs", "countdown", "trail-preemption"}
+    assert LEGEND in lines and len(LEGEND) <= 100
+    assert "Spearman" not in out and "PTL vs LEAP" not in out
+
+
+def test_default_run_states_the_trade_off(capsys):
+    out = table(capsys, "--predictor", "none,oracle", "--load", "1.5x").out
+    assert "vs FCFS" in out and "p95 vs FCFS" in out
+    line = next(x for x in out.splitlines() if x.startswith("oracle + countdown at 1.5x vs FCFS: mean PTL "))
+    assert " s -> " in line and "p95 e2e" in line
+
+
+def test_wide_table_has_every_figure(capsys):
+    out = table(capsys, "--predictor", "none,oracle", "--load", "1.5x", "--wide").out
+    for header, _ in WIDE_COLUMNS:
+        if header != "PTL vs LEAP":   # shown only beside a leap run
+            assert header in out
+    assert "…" not in out and "sim CPU s: CPU seconds of the simulation loop" in out
+    assert "PTL vs LEAP" not in out
+
+
+def test_ptl_vs_leap_only_beside_a_leap_run(capsys):
+    out = table(capsys, "--trace", "sharegpt", "--requests", "200", "--predictor", "none,leap", "--load", "1.5x",
+                "--wide").out
+    assert "PTL vs LEAP" in out
+
+
+def test_out_says_where_it_wrote(tmp_path, capsys):
+    out = tmp_path / "runs"
+    captured = table(capsys, "--predictor", "none,oracle", "--load", "1.5x", "--out", str(out))
+    assert f"simulate: wrote 2 run(s) to {out}" in captured.err
