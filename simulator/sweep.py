@@ -47,7 +47,7 @@ class SweepInterrupted(Exception):
         super().__init__(f"interrupted: {finished} of {total} runs finished{kept}")
 
 
-class _Stop(BaseException):
+class Stopped(BaseException):
     """SIGTERM raised in the main thread, so that it takes Ctrl-C's path."""
 
     def __init__(self, signum: int):
@@ -110,14 +110,14 @@ def _worker_init(parent_pid: int) -> None:
 
 
 @contextmanager
-def _sigterm_as_stop():
-    """SIGTERM raises ``_Stop`` in the main thread for the duration, like Ctrl-C's KeyboardInterrupt."""
+def sigterm_raises_stopped():
+    """SIGTERM raises ``Stopped`` in the main thread for the duration, like Ctrl-C's KeyboardInterrupt."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def stop(signum, frame):
-        raise _Stop(signum)
+        raise Stopped(signum)
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:
@@ -243,7 +243,7 @@ def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1
         outs = [str(out / run_slug(c)) for c in configs]
     results: list[dict | None] = [None] * len(configs)
     try:
-        with _sigterm_as_stop():
+        with sigterm_raises_stopped():
             if resume and out is not None:
                 for i, (config, target) in enumerate(zip(configs, outs)):
                     results[i] = completed_summary(config, target, prepared)
@@ -260,8 +260,8 @@ def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1
                 on_done()
             else:
                 _local_run(configs, outs, todo, results, jobs, on_done)
-    except (KeyboardInterrupt, _Stop) as stop:
-        signum = stop.signum if isinstance(stop, _Stop) else int(signal.SIGINT)
+    except (KeyboardInterrupt, Stopped) as stop:
+        signum = stop.signum if isinstance(stop, Stopped) else int(signal.SIGINT)
         with _signals_ignored():
             _tidy_unfinished(outs, results)
         # a worker may have finished a run whose result had not reached this process yet
