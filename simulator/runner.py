@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -19,6 +22,21 @@ from simulator.workload import ArrivalSpec, make_arrivals, measure_capacity
 NO_PREDICTOR = "none"
 #: Largest seed: results tables store it as a Parquet int64.
 MAX_SEED = 2**63 - 1
+_CODE_PACKAGES = ("simulator", "policies", "predictors")
+
+
+@lru_cache(maxsize=1)
+def code_hash() -> str:
+    """SHA-256 of the simulator's source and shipped weights: a stored run is only reused by a sweep
+    (``--out`` resume) when the code that would redo it is the same."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    files = sorted(p for pkg in _CODE_PACKAGES for p in (root / pkg).rglob("*")
+                   if p.is_file() and (p.suffix in (".py", ".npz") or p.name == "MANIFEST")
+                   and "__pycache__" not in p.parts)
+    for path in files:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -95,6 +113,8 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
         "engine_settings": profile.describe(),
         "capacity_req_s": capacity,
         "arrival_rate_req_s": rate,
+        "arrivals_hash": hashlib.sha256(np.ascontiguousarray(arrival_s, dtype=np.float64).tobytes()).hexdigest(),
+        "code_hash": code_hash(),
     }
     return Prepared(config, workload, sim, capacity, rate, resolved)
 

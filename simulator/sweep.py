@@ -2,12 +2,26 @@
 
 Results are returned in configuration order whatever order the workers finish in, so a sweep's
 table is as reproducible as a single run.
+
+Stopping and resuming: SIGINT or SIGTERM stops a sweep within a second or two (workers ignore
+Ctrl-C and die with their parent, even on ``kill -9``); runs already finished stay on disk. A run's
+folder is complete once its ``summary.json`` is in place (written last, removed first when a run
+is redone), and a later sweep into the same ``--out`` reuses it when its stored ``config.json``
+equals the planned run's resolved configuration (trace and arrival content hashes, settings,
+seed, code hash), so rerunning an interrupted command finishes only the missing runs.
 """
 
 from __future__ import annotations
 
+import ctypes
+import json
+import multiprocessing
 import os
+import signal
+import sys
+import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -18,26 +32,115 @@ from simulator.metrics import requests_table, simulated_only
 from simulator.runner import Prepared, RunConfig, execute, prepare
 
 EXECUTORS = ("local", "ray")
+SUMMARY_FILE = "summary.json"   # written last: its presence marks a complete run folder
+CONFIG_FILE = "config.json"
+_PR_SET_PDEATHSIG = 1           # <linux/prctl.h>
+
+
+class SweepInterrupted(Exception):
+    """SIGINT/SIGTERM stopped a sweep; finished runs are kept. ``exit_code`` is 128 + the signal."""
+
+    def __init__(self, finished: int, total: int, out: Path | None, signum: int):
+        self.finished, self.total, self.out = finished, total, out
+        self.exit_code = 128 + signum
+        kept = f", kept in {out}" if out is not None and finished else ""
+        super().__init__(f"interrupted: {finished} of {total} runs finished{kept}")
+
+
+class Stopped(BaseException):
+    """SIGTERM raised in the main thread, so that it takes Ctrl-C's path."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 def run_slug(config: RunConfig) -> str:
     return f"{config.predictor}-{config.policy}-{config.load:g}x-seed{config.seed}"
 
 
+def planned_record(prepared: Prepared) -> dict:
+    """What a run's ``config.json`` will hold, known before it runs (JSON-normalised for comparison)."""
+    record = dict(prepared.resolved)
+    predictor = prepared.simulation.predictor
+    if predictor is not None:
+        record["predictor_settings"] = predictor.describe()
+    return json.loads(json.dumps(record, sort_keys=True, allow_nan=False))
+
+
+def completed_summary(config: RunConfig, target: str | Path, prepared: Prepared | None = None) -> dict | None:
+    """The stored summary of ``target`` if it holds a complete run of exactly this configuration."""
+    target = Path(target)
+    try:
+        summary = json.loads((target / SUMMARY_FILE).read_text())
+        stored = json.loads((target / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict):
+        return None
+    return summary if stored == planned_record(prepared if prepared is not None else prepare(config)) else None
+
+
 def run_one(config: RunConfig, out: str | None = None, prepared: Prepared | None = None) -> dict:
     """Prepare (unless given), run, optionally write the run's files; returns its summary."""
     prepared = prepared if prepared is not None else prepare(config)
+    if out is not None:   # an old summary must not vouch for files being replaced
+        (Path(out) / SUMMARY_FILE).unlink(missing_ok=True)
     summary, result = execute(prepared)
     if out is not None:
         target = Path(out)
         target.mkdir(parents=True, exist_ok=True)
         atomic_write_parquet(target / "requests.parquet", requests_table(result))
-        atomic_write_json(target / "config.json", prepared.resolved)
-        atomic_write_json(target / "summary.json", simulated_only(summary))
+        atomic_write_json(target / CONFIG_FILE, prepared.resolved)
+        atomic_write_json(target / SUMMARY_FILE, simulated_only(summary))
     return summary
 
 
-def _ray_run(configs, outs, on_done):
+def _worker_init(parent_pid: int) -> None:
+    """Workers leave Ctrl-C to the parent (which stops them) and die with it, even on kill -9."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:   # the parent died before the death signal was armed
+        os._exit(1)
+
+
+@contextmanager
+def sigterm_raises_stopped():
+    """SIGTERM raises ``Stopped`` in the main thread for the duration, like Ctrl-C's KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stopped(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _signals_ignored():
+    """A second Ctrl-C while workers are being stopped must not turn into a traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _ray_run(configs, outs, todo, results, on_done):
     try:
         import ray
     except ImportError:
@@ -46,29 +149,88 @@ def _ray_run(configs, outs, on_done):
     if started_here:
         ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
+    refs = []
     try:
         remote = ray.remote(run_one)
-        refs = [remote.remote(c, o) for c, o in zip(configs, outs)]
-        index = {ref: i for i, ref in enumerate(refs)}
-        results: list = [None] * len(refs)
+        refs = [remote.remote(configs[i], outs[i]) for i in todo]
+        index = {ref: i for ref, i in zip(refs, todo)}
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for ref in done:
                 results[index[ref]] = ray.get(ref)
                 on_done()
-        return results
+    except BaseException:
+        with _signals_ignored():
+            for ref in refs:
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:   # already finished or gone
+                    pass
+        raise
     finally:
         if started_here:
-            ray.shutdown()
+            with _signals_ignored():
+                ray.shutdown()
+
+
+def _local_run(configs, outs, todo, results, jobs, on_done):
+    if jobs <= 1 or len(todo) <= 1:
+        for i in todo:
+            results[i] = run_one(configs[i], outs[i])
+            on_done()
+        return
+    before = set(multiprocessing.active_children())
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), initializer=_worker_init,
+                               initargs=(os.getpid(),))
+    try:
+        futures = {pool.submit(run_one, configs[i], outs[i]): i for i in todo}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                results[futures[future]] = future.result()
+                on_done()
+    except BaseException:   # interrupted or a run failed: stop the others now, not after they finish
+        with _signals_ignored():
+            workers = [p for p in multiprocessing.active_children() if p not in before]
+            for p in workers:
+                p.kill()
+            pool.shutdown(wait=False, cancel_futures=True)
+            for p in workers:
+                p.join(timeout=5)
+        raise
+    pool.shutdown()
+
+
+def _tidy_unfinished(outs: list[str | None], results: list) -> None:
+    """Unfinished runs leave no temp files and no empty folders behind (complete ones are untouched)."""
+    for target, summary in zip(outs, results):
+        if target is None or summary is not None:
+            continue
+        folder = Path(target)
+        for tmp in folder.glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+        try:
+            folder.rmdir()   # only when empty: a single run's --out may hold other files
+        except OSError:
+            pass
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1, executor: str = "local",
-             on_done: Callable[[], None] = lambda: None, prepared: Prepared | None = None) -> list[dict]:
+             on_done: Callable[[], None] = lambda: None, prepared: Prepared | None = None,
+             resume: bool = True, notify: Callable[[str], None] = _stderr) -> list[dict]:
     """Run every configuration; with ``out``, each run writes to ``out/<slug>/`` (or ``out`` if one).
 
     ``prepared`` (a single configuration only) is the caller's already prepared run, used as is
-    so that a checked run is not built twice."""
+    so that a checked run is not built twice. With ``resume``, a run whose folder already holds a
+    complete run of the same resolved configuration is not run again: its stored summary is used
+    (``notify`` gets one line saying how many). SIGINT/SIGTERM raise :class:`SweepInterrupted`
+    after stopping the workers; finished runs stay on disk."""
     if prepared is not None and (len(configs) != 1 or prepared.config != configs[0]):
         raise ValueError("run_many: prepared must belong to the single configuration given")
     if executor not in EXECUTORS:
@@ -79,27 +241,33 @@ def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1
         outs = [str(out)]
     else:
         outs = [str(out / run_slug(c)) for c in configs]
-    if executor == "ray":
-        return _ray_run(configs, outs, on_done)
-    if prepared is not None:
-        summary = run_one(configs[0], outs[0], prepared)
-        on_done()
-        return [summary]
-    if jobs <= 1 or len(configs) == 1:
-        results = []
-        for config, target in zip(configs, outs):
-            results.append(run_one(config, target))
-            on_done()
-        return results
-    results = [None] * len(configs)
-    with ProcessPoolExecutor(max_workers=min(jobs, len(configs))) as pool:
-        futures = {pool.submit(run_one, c, o): i for i, (c, o) in enumerate(zip(configs, outs))}
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for future in done:
-                results[futures[future]] = future.result()
+    results: list[dict | None] = [None] * len(configs)
+    try:
+        with sigterm_raises_stopped():
+            if resume and out is not None:
+                for i, (config, target) in enumerate(zip(configs, outs)):
+                    results[i] = completed_summary(config, target, prepared)
+                skipped = sum(r is not None for r in results)
+                if skipped:
+                    notify(f"skipped {skipped} of {len(configs)} runs already complete in {out} (same config)")
+                    for _ in range(skipped):
+                        on_done()
+            todo = [i for i, r in enumerate(results) if r is None]
+            if executor == "ray":
+                _ray_run(configs, outs, todo, results, on_done)
+            elif prepared is not None and todo:
+                results[0] = run_one(configs[0], outs[0], prepared)
                 on_done()
+            else:
+                _local_run(configs, outs, todo, results, jobs, on_done)
+    except (KeyboardInterrupt, Stopped) as stop:
+        signum = stop.signum if isinstance(stop, Stopped) else int(signal.SIGINT)
+        with _signals_ignored():
+            _tidy_unfinished(outs, results)
+        # a worker may have finished a run whose result had not reached this process yet
+        finished = sum(r is not None or (t is not None and (Path(t) / SUMMARY_FILE).exists())
+                       for r, t in zip(results, outs))
+        raise SweepInterrupted(finished, len(configs), out, signum) from None
     return results
 
 

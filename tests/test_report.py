@@ -1,16 +1,41 @@
-"""The report command end to end on reduced sizes."""
+"""The report command end to end on reduced sizes; it fails early and never harms an old report."""
 
 from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from simulator.report import main
 
 
-def test_report_runs_end_to_end(tmp_path, monkeypatch):
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def old_report(tmp_path) -> Path:
+    """An --out folder holding a previous report and a file of someone else's."""
+    out = tmp_path / "docs"
+    (out / "report" / "table3").mkdir(parents=True)
+    (out / "report" / "table3" / "results.csv").write_text("old table\n")
+    (out / "report" / "stale-experiment.csv").write_text("from an older report\n")
+    (out / "report.md").write_text("# old report\n")
+    (out / "notes.md").write_text("not the report's\n")
+    return out
+
+
+def test_report_runs_end_to_end(tmp_path, monkeypatch, old_report, capsys):
     pytest.importorskip("matplotlib", reason="the report draws figures with matplotlib")
     monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path / "cache"))
-    assert main(["--requests", "120", "--out", str(tmp_path), "--jobs", "2", "--loads", "1,2"]) == 0
+    assert main(["--requests", "120", "--out", str(old_report), "--jobs", "2", "--loads", "1,2"]) == 0
+    tmp_path = old_report
+    assert "table3 run 1/" in capsys.readouterr().err   # progress, one line per run
+    assert (tmp_path / "notes.md").read_text() == "not the report's\n"
+    assert not (tmp_path / "report" / "stale-experiment.csv").exists()   # report/ replaced whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.md", "report", "report.md"]   # no stage left
     text = (tmp_path / "report.md").read_text()
     from simulator.trace import bundled_trace_names
     for name in bundled_trace_names():   # every trace that fed it is listed, with its status
@@ -44,3 +69,48 @@ def test_undefined_figures_print_as_a_dash():
     table = markdown_table([{"s": float("nan"), "d": float("nan"), "x": 0.25}],
                            [("s", "s", ".3f"), ("d", "d", "%"), ("x", "x", ".3f")])
     assert table.splitlines()[-1] == "| - | - | 0.250 |"
+
+
+def test_missing_matplotlib_fails_in_seconds_and_leaves_the_old_report(old_report, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
+    before = snapshot(old_report)
+    started = time.monotonic()
+    assert main(["--requests", "150", "--out", str(old_report)]) == 2
+    assert time.monotonic() - started < 10
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "matplotlib" in err[0], err
+    assert snapshot(old_report) == before
+
+
+@pytest.mark.parametrize("failure, code", [(OSError("disk full (injected)"), 2), (KeyboardInterrupt(), 130)])
+def test_failure_mid_run_leaves_the_old_report(old_report, tmp_path_factory, monkeypatch, capsys, failure, code):
+    """Runs have happened and tables are being written when it fails or is interrupted."""
+    import simulator.plots
+    import simulator.report
+
+    monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+    monkeypatch.setattr(simulator.plots, "_pyplot", lambda: None)   # pass the matplotlib check without it
+    written = []
+
+    def fail_on_second(out, summaries):
+        written.append(out)
+        if len(written) == 2:
+            raise failure
+        real_write_results(out, summaries)
+
+    real_write_results = simulator.report.write_results
+    monkeypatch.setattr(simulator.report, "write_results", fail_on_second)
+    before = snapshot(old_report)
+    assert main(["--requests", "40", "--out", str(old_report), "--jobs", "1", "--loads", "1"]) == code
+    err = capsys.readouterr().err
+    assert "table3 run 1/" in err and err.strip().splitlines()[-1].startswith("leap-report: ")
+    assert len(written) == 2
+    assert snapshot(old_report) == before
+    assert sorted(p.name for p in old_report.iterdir()) == ["notes.md", "report", "report.md"]
+
+
+def test_out_blocked_fails_before_any_run(tmp_path, capsys):
+    (tmp_path / "report").write_text("a file where the report folder goes")
+    assert main(["--requests", "40", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "in the way" in err[0], err

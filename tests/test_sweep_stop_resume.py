@@ -1,0 +1,145 @@
+"""Sweeps stop on SIGINT/SIGTERM within 2 s, leave no orphan workers, keep finished runs, and a
+rerun of the same command skips the runs already complete (judged by their stored config)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from simulator.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+# 12 runs of about 0.7 s each (two decode slots make many steps): long enough to interrupt
+SWEEP = ["--trace", "sharegpt-lengths", "--predictor", "none,oracle", "--load", "1x,2x", "--seeds", "3",
+         "--requests", "400", "--decode-slots", "2", "--jobs", "2", "--quiet", "--json"]
+RUNS = 12
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for worker pids")
+
+
+@pytest.fixture
+def env(tmp_path_factory):
+    env = dict(os.environ, LEAP_CACHE_DIR=str(tmp_path_factory.getbasetemp() / "cache"))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running or sleeping (a zombie left for an init that does not reap is dead)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def start_and_wait_for_a_finished_run(out: Path, env: dict) -> tuple[subprocess.Popen, list[int]]:
+    proc = subprocess.Popen([sys.executable, "-m", "simulator.cli", *SWEEP, "--out", str(out)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(out.glob("*/summary.json")):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no run finished within 60 s"
+        time.sleep(0.02)
+    workers = children(proc.pid)
+    assert workers, "the sweep runs in worker processes"
+    return proc, workers
+
+
+def check_run_folders(out: Path) -> int:
+    """Every folder left is a complete, readable run; returns how many there are."""
+    import pyarrow.parquet as pq
+
+    assert not list(out.glob("**/.*.tmp"))
+    complete = 0
+    for folder in out.iterdir():
+        if not folder.is_dir():
+            continue
+        if (folder / "summary.json").exists():
+            assert json.loads((folder / "summary.json").read_text())["completed"] == 400
+            assert json.loads((folder / "config.json").read_text())["requests_used"] == 400
+            assert pq.read_table(folder / "requests.parquet").num_rows == 400
+            complete += 1
+    return complete
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_sweep_fast_keeps_finished_runs(tmp_path, env, signum):
+    out = tmp_path / "sweep"
+    proc, workers = start_and_wait_for_a_finished_run(out, env)
+    sent = time.monotonic()
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=30)
+    elapsed = time.monotonic() - sent
+    assert elapsed < 2.0, f"stopped after {elapsed:.1f} s"
+    assert proc.returncode == 128 + signum
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("simulate: interrupted: "), err
+    finished = check_run_folders(out)
+    assert 1 <= finished < RUNS
+    assert lines[0] == f"simulate: interrupted: {finished} of {RUNS} runs finished, kept in {out}"
+    assert not [p for p in workers if alive(p)], "orphan workers"
+    assert not (out / "results.parquet").exists()   # no partial results table
+
+
+def test_rerun_skips_finished_runs_and_matches_an_uninterrupted_sweep(tmp_path, env, capsys):
+    out = tmp_path / "sweep"
+    proc, _ = start_and_wait_for_a_finished_run(out, env)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    finished = check_run_folders(out)
+    kept = {p: p.stat().st_mtime_ns for p in out.glob("*/summary.json")}
+    assert main([*SWEEP, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"skipped {finished} of {RUNS} runs already complete in {out}" in err
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept     # reused, not rewritten
+    assert check_run_folders(out) == RUNS
+    assert main([*SWEEP, "--out", str(tmp_path / "whole")]) == 0
+    for name in ("results.parquet", "results.csv"):
+        assert (out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
+
+
+def test_parent_killed_takes_its_workers_with_it(tmp_path, env):
+    proc, workers = start_and_wait_for_a_finished_run(tmp_path / "sweep", env)
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 2
+    while [p for p in workers if alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in workers if alive(p)], "workers outlived a killed parent"
+
+
+def test_changed_config_or_incomplete_run_is_recomputed(tmp_path, capsys):
+    base = ["--trace", "sharegpt-lengths", "--predictor", "none,oracle", "--requests", "120", "--jobs", "1",
+            "--quiet", "--json", "--out", str(tmp_path)]
+    assert main(base) == 0
+    first = capsys.readouterr().out
+    assert main([*base, "--decode-slots", "8"]) == 0     # same folder names, another config
+    changed = capsys.readouterr()
+    assert "skipped" not in changed.err and changed.out != first
+    (tmp_path / "oracle-countdown-1x-seed0" / "summary.json").unlink()   # as if killed mid-run
+    assert main([*base, "--decode-slots", "8"]) == 0
+    again = capsys.readouterr()
+    assert "skipped 1 of 2 runs" in again.err
+    assert [json.loads(x)["mean_e2e_s"] for x in again.out.splitlines()] == [
+        json.loads(x)["mean_e2e_s"] for x in changed.out.splitlines()]
