@@ -20,7 +20,7 @@ from policies import POLICIES
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.engine import EngineConfig
-from simulator.profiles import DEFAULT_PROFILE, PROFILES
+from simulator.profiles import DEFAULT_PROFILE, PROFILES, is_profile_name
 from simulator.runner import NO_PREDICTOR, RunConfig, prepare
 from simulator.sweep import add_relative_changes, run_many, run_slug, write_results
 from simulator.trace import TraceError, bundled_trace_names, load_trace
@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                    f"(default: FCFS and {DEFAULT_PREDICTOR} when the trace has hidden-state features, else FCFS and oracle)")
     p.add_argument("--policy", help=f"comma list of {', '.join(POLICIES)} (default: countdown, or fcfs "
                    "with --predictor none)")
-    p.add_argument("--engine", default=DEFAULT_PROFILE, help=f"step-time profile: {', '.join(PROFILES)}")
+    p.add_argument("--engine", default=DEFAULT_PROFILE, help=f"step-time profile: {', '.join(PROFILES)}, or fitted:TRACE (fit on another "
+                   "trace's steps table: out of sample)")
     p.add_argument("--load", default="1x", help="comma list of multiples of FCFS capacity, e.g. 0.5x,1x,1.5x")
     p.add_argument("--arrivals", default="poisson", help="poisson | trace | FILE.csv of timestamps "
                    "(rescaled to the load's mean rate)")
@@ -139,8 +140,8 @@ def _configs(args) -> list[RunConfig]:
             continue
         if name not in POLICIES:
             raise UsageError(f"unknown policy {name!r} (choose from {', '.join(POLICIES)})")
-    if args.engine not in PROFILES:
-        raise UsageError(f"unknown engine profile {args.engine!r} (choose from {', '.join(PROFILES)})")
+    if not is_profile_name(args.engine):
+        raise UsageError(f"unknown engine profile {args.engine!r} (choose from {', '.join(PROFILES)}, fitted:TRACE)")
     try:
         loads = [parse_load(x) for x in _split(args.load)]
         arrivals = ArrivalSpec.parse(args.arrivals)
