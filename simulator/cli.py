@@ -21,12 +21,17 @@ from predictors import PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.engine import EngineConfig
 from simulator.profiles import DEFAULT_PROFILE, PROFILES, is_profile_name
-from simulator.runner import NO_PREDICTOR, RunConfig, prepare
+from simulator.runner import NO_PREDICTOR, PRESETS, RunConfig, prepare
 from simulator.sweep import add_relative_changes, run_many, run_slug, write_results
 from simulator.trace import TraceError, bundled_trace_names, load_trace
 from simulator.workload import ArrivalSpec, parse_load
 
 PROG = "simulate"
+DEFAULT_LOAD = "1x"
+# flag -> EngineConfig field; an explicit flag overrides the same setting of a --preset
+ENGINE_FLAGS = {"max_resident": "max_resident", "decode_slots": "decode_slots",
+                "prefill_budget": "prefill_token_budget", "kv_budget": "kv_token_budget", "wait_cap": "wait_cap",
+                "chunked_prefill": "chunked_prefill", "decodes_in_budget": "decodes_in_budget"}
 DEFAULT_TRACES = ("sharegpt", "sharegpt-lengths")
 DEFAULT_PREDICTOR = "leap-rls"
 # `--predictor all`: FCFS without a predictor, then every registered predictor but the noisy oracle
@@ -82,9 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "with --predictor none)")
     p.add_argument("--engine", default=DEFAULT_PROFILE, help=f"step-time profile: {', '.join(PROFILES)}, or fitted:TRACE (fit on another "
                    "trace's steps table: out of sample)")
-    p.add_argument("--load", default="1x", help="comma list of multiples of FCFS capacity, e.g. 0.5x,1x,1.5x")
-    p.add_argument("--arrivals", default="poisson", help="poisson | trace | FILE.csv of timestamps "
-                   "(rescaled to the load's mean rate)")
+    p.add_argument("--load", default=None, help="comma list of multiples of FCFS capacity, e.g. 0.5x,1x,1.5x "
+                   f"(default {DEFAULT_LOAD}; not with --arrivals recorded/closed)")
+    p.add_argument("--arrivals", default="poisson", help="poisson | trace | FILE.csv of timestamps (rescaled to the "
+                   "load's mean rate) | recorded (each request at its own arrival_s, unscaled) | closed:N (closed "
+                   "loop, N in flight; 'closed': the recording's own window)")
+    p.add_argument("--preset", choices=PRESETS, help="recorded: the engine settings of the trace's own vLLM "
+                   "recording (caps, token budget, chunked prefill, decodes in the budget); explicit engine "
+                   "flags override single settings")
     p.add_argument("--requests", type=_int("requests", 1), help="use the first N requests of the trace")
     p.add_argument("--seed", type=_int("seed", 0), default=0, help="first seed")
     p.add_argument("--seeds", type=_int("seeds", 1), default=1, help="run seeds seed .. seed+N-1")
@@ -92,14 +102,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="worker processes for several runs (default: number of CPUs)")
     p.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="local worker processes, or a Ray cluster ($RAY_ADDRESS, else a local Ray)")
-    p.add_argument("--max-resident", type=_int("max-resident", 1), default=512)
-    p.add_argument("--decode-slots", type=_int("decode-slots", 1), default=64)
-    p.add_argument("--prefill-budget", type=_int("prefill-budget", 1), default=8192,
-                   help="prompt tokens prefilled per step")
-    p.add_argument("--kv-budget", type=_int("kv-budget", 1), default=None,
+    # engine flags default to None so that an explicit one can override a --preset (defaults: EngineConfig)
+    p.add_argument("--max-resident", type=_int("max-resident", 1), help="default 512")
+    p.add_argument("--decode-slots", type=_int("decode-slots", 1), help="default 64")
+    p.add_argument("--prefill-budget", type=_int("prefill-budget", 1),
+                   help="prompt tokens prefilled per step (default 8192)")
+    p.add_argument("--kv-budget", type=_int("kv-budget", 1),
                    help="optional KV-token admission limit (off by default)")
-    p.add_argument("--wait-cap", type=_int("wait-cap", 0), default=128,
-                   help="force a resident request after this many steps without a decode (0 = off)")
+    p.add_argument("--wait-cap", type=_int("wait-cap", 0),
+                   help="force a resident request after this many steps without a decode (0 = off; default 128)")
+    p.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="prefill a prompt longer than the budget left in chunks, vLLM V1 style (default off)")
+    p.add_argument("--decodes-in-budget", action=argparse.BooleanOptionalAction, default=None,
+                   help="each decode takes one token of --prefill-budget first, vLLM V1 style (default off)")
     p.add_argument("--noise-mae", type=_float, default=0.0, help="noisy-oracle mean absolute error (tokens)")
     p.add_argument("--train-trace", default="lmsys", help="training trace for learned predictors")
     p.add_argument("--refresh", choices=("default", "on", "off"), default="default",
@@ -143,11 +158,19 @@ def _configs(args) -> list[RunConfig]:
     if not is_profile_name(args.engine):
         raise UsageError(f"unknown engine profile {args.engine!r} (choose from {', '.join(PROFILES)}, fitted:TRACE)")
     try:
-        loads = [parse_load(x) for x in _split(args.load)]
         arrivals = ArrivalSpec.parse(args.arrivals)
-        engine_config = EngineConfig(max_resident=args.max_resident, decode_slots=args.decode_slots,
-                                     prefill_token_budget=args.prefill_budget, kv_token_budget=args.kv_budget,
-                                     wait_cap=args.wait_cap)
+        if arrivals.as_recorded:   # replayed as recorded: nothing to scale, no capacity to measure
+            if args.load is not None:
+                raise UsageError(f"--load does not apply to --arrivals {args.arrivals} (requests replay as "
+                                 "recorded; no capacity is measured); drop --load")
+            loads = [None]
+        else:
+            loads = [parse_load(x) for x in _split(args.load if args.load is not None else DEFAULT_LOAD)]
+        explicit = {field: getattr(args, flag) for flag, field in ENGINE_FLAGS.items() if getattr(args, flag) is not None}
+        if args.preset:   # the preset is read from the trace; the combination is checked in prepare()
+            engine_config, overrides = EngineConfig(), tuple(sorted(explicit.items()))
+        else:
+            engine_config, overrides = EngineConfig(**explicit), ()
         options = PredictorOptions(train_trace=args.train_trace, noise_mae=args.noise_mae, seed=args.seed,
                                    charge_cost=args.predictor_cost == "charged",
                                    refresh={"default": None, "on": True, "off": False}[args.refresh])
@@ -167,7 +190,7 @@ def _configs(args) -> list[RunConfig]:
         planned.add((seed, load, predictor, policy))
         configs.append(RunConfig(trace=trace_name, predictor=predictor, policy=policy, engine=args.engine,
                                  load=load, arrivals=arrivals, requests=args.requests, seed=seed,
-                                 engine_config=engine_config,
+                                 engine_config=engine_config, preset=args.preset, engine_overrides=overrides,
                                  predictor_options=dataclasses.replace(options, seed=seed),
                                  charge_cost=args.predictor_cost == "charged"))
     return configs
@@ -185,8 +208,9 @@ def _print_table(summaries: list[dict]) -> None:
         return str(value)
 
     first = summaries[0]
-    table = Table(title=f"trace {first['trace']} | engine {first['engine']} | "
-                        f"capacity {first['capacity_req_s']:.3f} req/s | {first['arrived']} requests")
+    capacity = (f"capacity {first['capacity_req_s']:.3f} req/s" if first.get("capacity_req_s") is not None
+                else f"arrivals {first['arrivals']}")
+    table = Table(title=f"trace {first['trace']} | engine {first['engine']} | {capacity} | {first['arrived']} requests")
     columns = [("predictor", "predictor"), ("policy", "policy"), ("load", "load"),
                ("mean PTL s", "mean_ptl_s"), ("mean e2e s", "mean_e2e_s"), ("p50 e2e", "p50_e2e_s"),
                ("p95 e2e", "p95_e2e_s"), ("p99 e2e", "p99_e2e_s"), ("mean TTFT", "mean_ttft_s"),
@@ -200,7 +224,7 @@ def _print_table(summaries: list[dict]) -> None:
     for header, _ in columns:
         table.add_column(header, justify="right" if header not in ("predictor", "policy") else "left")
     for s in summaries:
-        table.add_row(*[f"{s['load']:g}x" if key == "load" else
+        table.add_row(*[(f"{s['load']:g}x" if s["load"] is not None else "-") if key == "load" else
                         (f"{s[key]:+.1%}" if s.get(key) is not None else "-") if key.startswith("vs_") else
                         fmt(s.get(key), 1 if key == "throughput_tok_s" else 3) for _, key in columns])
     console = Console() if sys.stdout.isatty() else Console(width=200)

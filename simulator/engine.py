@@ -55,6 +55,9 @@ class EngineConfig:
             not isinstance(self.kv_token_budget, (int, np.integer)) or self.kv_token_budget < 1
         ):
             raise ValueError(f"kv-budget must be a positive integer, got {self.kv_token_budget!r}")
+        if self.kv_token_budget is not None and self.max_resident > self.kv_token_budget:
+            raise ValueError(f"max-resident {self.max_resident} is above kv-budget {self.kv_token_budget} "
+                             "(each resident request holds at least one KV token): lower --max-resident")
 
 
 @dataclass

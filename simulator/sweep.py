@@ -21,7 +21,8 @@ EXECUTORS = ("local", "ray")
 
 
 def run_slug(config: RunConfig) -> str:
-    return f"{config.predictor}-{config.policy}-{config.load:g}x-seed{config.seed}"
+    at = f"{config.load:g}x" if config.load is not None else config.arrivals.describe().replace(":", "")
+    return f"{config.predictor}-{config.policy}-{at}-seed{config.seed}"
 
 
 def run_one(config: RunConfig, out: str | None = None, prepared: Prepared | None = None) -> dict:

@@ -22,11 +22,11 @@ import sys
 
 import numpy as np
 
-from policies.fcfs import FCFS
-from simulator.engine import Simulation
-from simulator.preset import closed_loop_window, recorded_engine_config
-from simulator.profiles.fitted import FittedProfile
+from simulator.preset import closed_loop_window
+from simulator.profiles import FITTED_FROM
+from simulator.runner import NO_PREDICTOR, RunConfig, execute, prepare
 from simulator.trace import Trace, TraceError, load_trace
+from simulator.workload import ArrivalSpec
 
 PROG = "leap-validate"
 BATCH_TRACES = ("lmsys", "alpaca", "math", "multilingual", "sharegpt")
@@ -54,30 +54,34 @@ def _figures(prefix: str, e2e, ttft, out_tok, makespan) -> dict:
             f"{prefix}_mean_ptl_s": float((e2e / out_tok).mean()), f"{prefix}_makespan_s": float(makespan)}
 
 
-def validate_one(trace: Trace, profile_from: Trace, requests: int | None = None) -> dict:
-    """Replay ``trace`` as it ran under a profile fitted on ``profile_from``; real vs simulated."""
+def replay_config(trace: Trace, profile_from: Trace, requests: int | None = None) -> RunConfig:
+    """The ``simulate`` run that replays ``trace`` as it ran: ``--preset recorded``, FCFS,
+    ``--engine fitted:OTHER``, and ``--arrivals recorded`` (serving) or ``closed`` (batch)."""
     if profile_from.steps is None:
         raise ValueError(f"trace {profile_from.name!r} has no steps table to fit a profile on")
-    wl = trace if requests is None else trace.take(np.arange(min(requests, len(trace))))
-    profile = FittedProfile.fit(profile_from.steps, source=profile_from.name,
-                                note="out of sample" if profile_from.name != trace.name else "in sample")
-    config = recorded_engine_config(trace)
-    window = closed_loop_window(trace)
+    serving = closed_loop_window(trace) is None
+    if serving and trace.arrival_s is None:
+        raise ValueError(f"trace {trace.name!r} is neither a closed-loop batch recording nor has arrival_s")
+    source = str(profile_from.path) if profile_from.path else profile_from.name
+    return RunConfig(trace=str(trace.path) if trace.path else trace.name, predictor=NO_PREDICTOR, policy="fcfs",
+                     engine=FITTED_FROM + source, load=None,
+                     arrivals=ArrivalSpec("recorded" if serving else "closed"),
+                     requests=None if requests is None else min(requests, len(trace)), preset="recorded")
+
+
+def validate_one(trace: Trace, profile_from: Trace, requests: int | None = None) -> dict:
+    """Replay ``trace`` as it ran under a profile fitted on ``profile_from``; real vs simulated."""
+    prepared = prepare(replay_config(trace, profile_from, requests))
+    wl = prepared.workload
+    window = prepared.simulation.closed_loop
     serving = window is None
-    if serving:
-        if trace.arrival_s is None or not np.isfinite(trace.arrival_s).all():
-            raise ValueError(f"trace {trace.name!r} is neither a closed-loop batch recording nor has arrival_s")
-        arrival = np.asarray(wl.arrival_s, dtype=np.float64) - float(np.min(wl.arrival_s))
-    else:
-        arrival = np.zeros(len(wl))
-    result = Simulation(wl, arrival, policy=FCFS(), predictor=None, profile=profile, config=config,
-                        closed_loop=window).run()
+    _, result = execute(prepared)
     # back to the trace's row order (the simulation's rows are sorted by arrival, stably)
-    order = np.argsort(arrival, kind="stable")
-    sim_e2e = np.empty(len(wl))
-    sim_ttft = np.empty(len(wl))
-    sim_e2e[order] = result.finish_s - result.arrival_s
-    sim_ttft[order] = result.first_token_s - result.arrival_s
+    row_of = {rid: i for i, rid in enumerate(result.rows_request_id.tolist())}
+    order = np.array([row_of[rid] for rid in wl.request_id.tolist()], dtype=np.int64)
+    sim_e2e = (result.finish_s - result.arrival_s)[order]
+    sim_ttft = (result.first_token_s - result.arrival_s)[order]
+    profile = prepared.simulation.profile
     real = measured(wl)
     out_tok = np.asarray(wl.output_tokens, dtype=np.float64)
     meta = trace.metadata or {}
