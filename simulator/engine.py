@@ -126,6 +126,9 @@ class Simulation:
             raise ValueError(f"policy {policy.name!r} needs a predictor")
         if closed_loop is not None and (not isinstance(closed_loop, (int, np.integer)) or closed_loop < 1):
             raise ValueError(f"closed loop needs a window of at least 1 request, got {closed_loop!r}")
+        if closed_loop is not None and len(arrival_s) and (arrival_s != arrival_s[0]).any():
+            # later rows are released at completions; with staggered times the release order is undefined
+            raise ValueError("closed loop replays a batch: every request must be submitted at the same time")
         order = np.argsort(arrival_s, kind="stable")   # ties keep row (submission) order
         self.workload = workload.take(order) if not np.array_equal(order, np.arange(len(order))) else workload
         self.arrival = arrival_s[order]
@@ -374,9 +377,9 @@ class Simulation:
                 log.decoded.append(len(chosen))
                 log.forced.append(n_forced)
                 log.ready.append(len(ready))
-                log.resident.append(len(ready) + len(admit))
+                log.resident.append(len(ready) + len(admit) + (carried >= 0))   # a carried chunk holds a place
                 log.arrived.append(arrived)
-                log.capacity_left.append(cfg.max_resident - len(ready) - len(admit))
+                log.capacity_left.append(cfg.max_resident - len(ready) - len(admit) - (carried >= 0))
                 log.waiting.append(view.waiting - len(admit))
             yield env.timeout(duration)
             end = env.now

@@ -14,8 +14,8 @@ Semantics implemented (../shared/spec/simulator.md plus the engine contract):
   continues first with min(rest, budget left), then admission takes whole prompts while they fit
   and gives the next one what is left as a first chunk; a prompt emits its first token in the step
   that completes it (prefill work of a chunk: chunk * (computed before + chunk)).
-  ``closed_loop=N``: the first N rows arrive at their arrival_s, every later row when an earlier
-  one finishes (at that step's end), in row order.
+  ``closed_loop=N`` (a batch: every arrival_s equal): the first N rows arrive at that time, every
+  later row when an earlier one finishes (at that step's end), in row order.
 - A step starts at time t. If nothing is resident and nothing has arrived-but-not-admitted, the
   engine idles until the next arrival (no step is taken, the step counter does not advance).
 - Admission: candidates = waiting requests in admission order (fcfs: row order; countdown:
@@ -250,7 +250,7 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
         log.append({
             "start_s": t, "duration_s": duration,
             "admitted": len(admitted), "decoded": len(decoded), "forced": len(forced),
-            "ready": len(ready), "resident": len(ready) + len(admitted),
+            "ready": len(ready), "resident": len(ready) + len(admitted) + len(partial),
             "waiting": len(waiting) - len(admitted), "arrived": len(arrived), "finished": n_done,
             "admitted_ids": list(admitted), "decoded_ids": list(decoded), "forced_ids": list(forced),
         })
