@@ -59,6 +59,8 @@ def replay_config(trace: Trace, profile_from: Trace, requests: int | None = None
     ``--engine fitted:OTHER``, and ``--arrivals recorded`` (serving) or ``closed`` (batch)."""
     if profile_from.steps is None:
         raise ValueError(f"trace {profile_from.name!r} has no steps table to fit a profile on")
+    if (trace.metadata or {}).get("backend") != "vllm":
+        raise ValueError(f"trace {trace.name!r} is not a vLLM recording (capture-traces); nothing to replay as it ran")
     serving = closed_loop_window(trace) is None
     if serving and trace.arrival_s is None:
         raise ValueError(f"trace {trace.name!r} is neither a closed-loop batch recording nor has arrival_s")

@@ -165,6 +165,9 @@ def make_arrivals(spec: ArrivalSpec, workload: Trace, rate: float | None, seed: 
             raise ValueError(f"--arrivals trace: trace {workload.name!r} has no recorded arrival_s")
         if n == 1:
             return np.zeros(1)
+        if own.max() == own.min():
+            raise ValueError(f"--arrivals trace: trace {workload.name!r} has all arrival_s equal (a batch at one "
+                             "instant), nothing to stretch to a rate; use --arrivals recorded or closed:N")
         # rescale in time order, then give each request its own (rescaled) time back
         order = np.argsort(own, kind="stable")
         out = np.empty(n)

@@ -281,7 +281,7 @@ def test_arrivals_recorded_batch_at_t0_works_where_rescaling_refuses(tmp_path, c
     assert summary["completed"] == 8 and summary["arrival_rate_req_s"] is None
     assert not (tmp_path / "cache" / "capacity.json").exists()   # no capacity measured
     one_line_error(capsys, ["--trace", path, "--arrivals", "trace", "--predictor", "none", "--engine", "unit"],
-                   "span zero time")
+                   "trace 'batch' has all arrival_s equal")
 
     import numpy as np
     from policies import make_policy

@@ -34,3 +34,9 @@ def test_lmsys_steps_rebuild_is_exact(tmp_path):
 def test_validate_rejects_unknown_trace(capsys):
     assert main(["no-such-trace"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_validate_refuses_a_trace_that_is_not_a_recording(capsys):
+    assert main(["sharegpt-lengths"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'sharegpt-lengths' is not a vLLM recording" in err
