@@ -20,13 +20,18 @@ from policies import POLICIES
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.engine import EngineConfig
-from simulator.profiles import DEFAULT_PROFILE, PROFILES
-from simulator.runner import MAX_SEED, NO_PREDICTOR, RunConfig, prepare
+from simulator.profiles import DEFAULT_PROFILE, PROFILES, is_profile_name
+from simulator.runner import MAX_SEED, NO_PREDICTOR, PRESETS, RunConfig, prepare
 from simulator.sweep import SweepInterrupted, add_relative_changes, run_many, run_slug, write_results
 from simulator.trace import TraceError, bundled_trace_names, load_trace
 from simulator.workload import ArrivalSpec, parse_load
 
 PROG = "simulate"
+DEFAULT_LOAD = "1x"
+# flag -> EngineConfig field; an explicit flag overrides the same setting of a --preset
+ENGINE_FLAGS = {"max_resident": "max_resident", "decode_slots": "decode_slots",
+                "prefill_budget": "prefill_token_budget", "kv_budget": "kv_token_budget", "wait_cap": "wait_cap",
+                "chunked_prefill": "chunked_prefill", "decodes_in_budget": "decodes_in_budget"}
 DEFAULT_TRACES = ("sharegpt", "sharegpt-lengths")
 DEFAULT_PREDICTOR = "leap-rls"
 # `--predictor all`: FCFS without a predictor, then every registered predictor but the noisy oracle
@@ -80,10 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
                    f"(default: FCFS and {DEFAULT_PREDICTOR} when the trace has hidden-state features, else FCFS and oracle)")
     p.add_argument("--policy", help=f"comma list of {', '.join(POLICIES)} (default: countdown, or fcfs "
                    "with --predictor none)")
-    p.add_argument("--engine", default=DEFAULT_PROFILE, help=f"step-time profile: {', '.join(PROFILES)}")
-    p.add_argument("--load", default="1x", help="comma list of multiples of FCFS capacity, e.g. 0.5x,1x,1.5x")
-    p.add_argument("--arrivals", default="poisson", help="poisson | trace | FILE.csv of timestamps "
-                   "(rescaled to the load's mean rate)")
+    p.add_argument("--engine", default=DEFAULT_PROFILE, help=f"step-time profile: {', '.join(PROFILES)}, or fitted:TRACE (fit on another "
+                   "trace's steps table: out of sample)")
+    p.add_argument("--load", default=None, help="comma list of multiples of FCFS capacity, e.g. 0.5x,1x,1.5x "
+                   f"(default {DEFAULT_LOAD}; not with --arrivals recorded/closed)")
+    p.add_argument("--arrivals", default="poisson", help="poisson | trace | FILE.csv of timestamps (rescaled to the "
+                   "load's mean rate) | recorded (each request at its own arrival_s, unscaled) | closed:N (closed "
+                   "loop, N in flight; 'closed': the recording's own window)")
+    p.add_argument("--preset", choices=PRESETS, help="recorded: the engine settings of the trace's own vLLM "
+                   "recording (caps, token budget, chunked prefill, decodes in the budget); explicit engine "
+                   "flags override single settings")
     p.add_argument("--requests", type=_int("requests", 1), help="use the first N requests of the trace")
     p.add_argument("--seed", type=_int("seed", 0), default=0, help="first seed")
     p.add_argument("--seeds", type=_int("seeds", 1), default=1, help="run seeds seed .. seed+N-1")
@@ -91,14 +102,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="worker processes for several runs (default: number of CPUs)")
     p.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="local worker processes, or a Ray cluster ($RAY_ADDRESS, else a local Ray)")
-    p.add_argument("--max-resident", type=_int("max-resident", 1), default=512)
-    p.add_argument("--decode-slots", type=_int("decode-slots", 1), default=64)
-    p.add_argument("--prefill-budget", type=_int("prefill-budget", 1), default=8192,
-                   help="prompt tokens prefilled per step")
-    p.add_argument("--kv-budget", type=_int("kv-budget", 1), default=None,
+    # engine flags default to None so that an explicit one can override a --preset (defaults: EngineConfig)
+    p.add_argument("--max-resident", type=_int("max-resident", 1), help="default 512")
+    p.add_argument("--decode-slots", type=_int("decode-slots", 1), help="default 64")
+    p.add_argument("--prefill-budget", type=_int("prefill-budget", 1),
+                   help="prompt tokens prefilled per step (default 8192)")
+    p.add_argument("--kv-budget", type=_int("kv-budget", 1),
                    help="optional KV-token admission limit (off by default)")
-    p.add_argument("--wait-cap", type=_int("wait-cap", 0), default=128,
-                   help="force a resident request after this many steps without a decode (0 = off)")
+    p.add_argument("--wait-cap", type=_int("wait-cap", 0),
+                   help="force a resident request after this many steps without a decode (0 = off; default 128)")
+    p.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="prefill a prompt longer than the budget left in chunks, vLLM V1 style (default off)")
+    p.add_argument("--decodes-in-budget", action=argparse.BooleanOptionalAction, default=None,
+                   help="each decode takes one token of --prefill-budget first, vLLM V1 style (default off)")
     p.add_argument("--noise-mae", type=_float, default=0.0, help="noisy-oracle mean absolute error (tokens)")
     p.add_argument("--train-trace", default="lmsys", help="training trace for learned predictors")
     p.add_argument("--refresh", choices=("default", "on", "off"), default="default",
@@ -143,14 +159,22 @@ def _configs(args) -> list[RunConfig]:
             continue
         if name not in POLICIES:
             raise UsageError(f"unknown policy {name!r} (choose from {', '.join(POLICIES)})")
-    if args.engine not in PROFILES:
-        raise UsageError(f"unknown engine profile {args.engine!r} (choose from {', '.join(PROFILES)})")
+    if not is_profile_name(args.engine):
+        raise UsageError(f"unknown engine profile {args.engine!r} (choose from {', '.join(PROFILES)}, fitted:TRACE)")
     try:
-        loads = [parse_load(x) for x in _split(args.load)]
         arrivals = ArrivalSpec.parse(args.arrivals)
-        engine_config = EngineConfig(max_resident=args.max_resident, decode_slots=args.decode_slots,
-                                     prefill_token_budget=args.prefill_budget, kv_token_budget=args.kv_budget,
-                                     wait_cap=args.wait_cap)
+        if arrivals.as_recorded:   # replayed as recorded: nothing to scale, no capacity to measure
+            if args.load is not None:
+                raise UsageError(f"--load does not apply to --arrivals {args.arrivals} (requests replay as "
+                                 "recorded; no capacity is measured); drop --load")
+            loads = [None]
+        else:
+            loads = [parse_load(x) for x in _split(args.load if args.load is not None else DEFAULT_LOAD)]
+        explicit = {field: getattr(args, flag) for flag, field in ENGINE_FLAGS.items() if getattr(args, flag) is not None}
+        if args.preset:   # the preset is read from the trace; the combination is checked in prepare()
+            engine_config, overrides = EngineConfig(), tuple(sorted(explicit.items()))
+        else:
+            engine_config, overrides = EngineConfig(**explicit), ()
         options = PredictorOptions(train_trace=args.train_trace, noise_mae=args.noise_mae, seed=args.seed,
                                    charge_cost=args.predictor_cost == "charged",
                                    refresh={"default": None, "on": True, "off": False}[args.refresh])
@@ -170,7 +194,7 @@ def _configs(args) -> list[RunConfig]:
         planned.add((seed, load, predictor, policy))
         configs.append(RunConfig(trace=trace_name, predictor=predictor, policy=policy, engine=args.engine,
                                  load=load, arrivals=arrivals, requests=args.requests, seed=seed,
-                                 engine_config=engine_config,
+                                 engine_config=engine_config, preset=args.preset, engine_overrides=overrides,
                                  predictor_options=dataclasses.replace(options, seed=seed),
                                  charge_cost=args.predictor_cost == "charged"))
     return configs
@@ -233,7 +257,7 @@ def _print_table(summaries: list[dict], wide: bool = False) -> None:
     def cell(s, name):
         value = s.get(name)
         if name == "load":
-            return f"{value:g}x"
+            return "-" if value is None else f"{value:g}x"
         if name.startswith("vs_"):
             return "-" if value is None else f"{round(value * 100):+d}%".replace("+0%", "0%")
         if name in ("spearman", "kendall_tau", "saturated_share"):
@@ -245,8 +269,9 @@ def _print_table(summaries: list[dict], wide: bool = False) -> None:
         return "-" if value is None else str(value)
 
     first = summaries[0]
-    table = Table(title=f"trace {first['trace']} | engine {first['engine']} | "
-                        f"capacity {first['capacity_req_s']:.3f} req/s | {first['arrived']} requests",
+    capacity = (f"capacity {first['capacity_req_s']:.3f} req/s" if first.get("capacity_req_s") is not None
+                else f"arrivals {first['arrivals']}")
+    table = Table(title=f"trace {first['trace']} | engine {first['engine']} | {capacity} | {first['arrived']} requests",
                   box=box.SIMPLE_HEAD, pad_edge=False)
     for header, name in columns:
         table.add_column(header, justify="left" if name in ("predictor", "policy") else "right",
@@ -263,9 +288,13 @@ def _print_table(summaries: list[dict], wide: bool = False) -> None:
             ptl, p95 = s.get("vs_fcfs_mean_ptl_s"), s.get("vs_fcfs_p95_e2e_s")
             if ptl is None or p95 is None:
                 continue
-            console.print(f"{s['predictor']} + {s['policy']} at {s['load']:g}x vs FCFS: mean PTL "
+            console.print(f"{s['predictor']} + {s['policy']} at {_load_text(s['load'])} vs FCFS: mean PTL "
                           f"{'cut' if ptl < 0 else 'up'} {abs(ptl):.0%}; p95 e2e {_seconds(base['p95_e2e_s'])} s -> "
                           f"{_seconds(s['p95_e2e_s'])} s ({p95:+.0%})", highlight=False, soft_wrap=True)
+
+
+def _load_text(load: float | None) -> str:
+    return "as recorded" if load is None else f"{load:g}x"
 
 
 def _warn_unsaturated(summaries: list[dict], decode_slots: int) -> None:
@@ -273,7 +302,7 @@ def _warn_unsaturated(summaries: list[dict], decode_slots: int) -> None:
     low a load to fill the decode slots): its predictors tie with FCFS, which says nothing."""
     idle = [s for s in summaries if s.get("saturated_share") == 0 and s["policy"] != "fcfs"]
     if idle:
-        loads = ", ".join(sorted({f"{s['load']:g}x" for s in idle}, key=lambda x: float(x[:-1])))
+        loads = ", ".join(_load_text(x) for x in sorted({s["load"] for s in idle}, key=lambda x: (x is None, x or 0)))
         print(f"{PROG}: warning: {len(idle)} of {len(summaries)} run(s) (load {loads}) never had more ready "
               f"requests than the {decode_slots} decode slots, so the policy never chose and every predictor "
               f"ties with FCFS; use more requests or a higher --load", file=sys.stderr)
@@ -315,8 +344,10 @@ def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int
         from simulator.plots import _pyplot
         _pyplot()   # fail now, not after the runs, if matplotlib is missing
     single = None   # a lone local run is executed from its check, not built twice
+    decode_slots = None
     for config in configs:   # every input checked (and capacity cached) before anything runs or is written
         prepared = prepare(config)
+        decode_slots = prepared.simulation.config.decode_slots
         if len(configs) == 1 and args.executor == "local":
             single = prepared
     if args.out is not None:
@@ -333,7 +364,7 @@ def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int
     else:
         summaries = run_many(configs, out=args.out, jobs=jobs, executor=args.executor, prepared=single)
     add_relative_changes(summaries)
-    _warn_unsaturated(summaries, args.decode_slots)
+    _warn_unsaturated(summaries, decode_slots)
     if args.out is not None:
         write_results(args.out, summaries)
         if args.plots:

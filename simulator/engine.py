@@ -2,7 +2,7 @@
 
 One SimPy process runs the step loop, one timeout per engine step; a second process is the CPU
 worker that runs predictor updates (LEAP+RLS) off the critical path. Request state lives in
-numpy arrays indexed by *row*; rows are numbered in (arrival time, request id) order, which makes
+numpy arrays indexed by *row*; rows are numbered in (arrival time, trace row) order, which makes
 "row order" the FCFS order and the final tie-break of every sort. Semantics:
 ``../shared/spec/simulator.md``.
 
@@ -41,6 +41,9 @@ class EngineConfig:
     prefill_token_budget: int = 8192
     kv_token_budget: int | None = None   # optional second admission limit, off by default
     wait_cap: int = 128                  # steps without a decode before a request is forced; 0 = off
+    # vLLM V1 scheduling (both off by default; `--preset recorded` turns them on):
+    chunked_prefill: bool = False        # a prompt longer than the budget left is prefilled in chunks
+    decodes_in_budget: bool = False      # each decode takes one token of prefill_token_budget first
 
     def __post_init__(self) -> None:
         for name in ("max_resident", "decode_slots", "prefill_token_budget"):
@@ -49,10 +52,16 @@ class EngineConfig:
                 raise ValueError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
         if not isinstance(self.wait_cap, (int, np.integer)) or self.wait_cap < 0:
             raise ValueError(f"wait-cap must be an integer >= 0, got {self.wait_cap!r}")
+        for name in ("chunked_prefill", "decodes_in_budget"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name.replace('_', '-')} must be true or false")
         if self.kv_token_budget is not None and (
             not isinstance(self.kv_token_budget, (int, np.integer)) or self.kv_token_budget < 1
         ):
             raise ValueError(f"kv-budget must be a positive integer, got {self.kv_token_budget!r}")
+        if self.kv_token_budget is not None and self.max_resident > self.kv_token_budget:
+            raise ValueError(f"max-resident {self.max_resident} is above kv-budget {self.kv_token_budget} "
+                             "(each resident request holds at least one KV token): lower --max-resident")
 
 
 @dataclass
@@ -112,7 +121,7 @@ class Simulation:
     def __init__(self, workload: Trace, arrival_s: np.ndarray, *, policy: Policy, predictor: Predictor | None,
                  profile: EngineProfile, config: EngineConfig = EngineConfig(), seed: int = 0,
                  charge_cost: bool = True, record_steps: bool = False,
-                 progress: Callable[[int, int], None] | None = None):
+                 progress: Callable[[int, int], None] | None = None, closed_loop: int | None = None):
         arrival_s = np.asarray(arrival_s, dtype=np.float64)
         if arrival_s.shape != (len(workload),):
             raise ValueError(f"need one arrival time per request ({len(workload)}), got {arrival_s.shape}")
@@ -120,9 +129,20 @@ class Simulation:
             raise ValueError("arrival times must be finite and >= 0")
         if policy.uses_predictions and predictor is None:
             raise ValueError(f"policy {policy.name!r} needs a predictor")
-        order = np.lexsort((workload.request_id.astype(str), arrival_s))
+        if closed_loop is not None and (not isinstance(closed_loop, (int, np.integer)) or closed_loop < 1):
+            raise ValueError(f"closed loop needs a window of at least 1 request, got {closed_loop!r}")
+        if closed_loop is not None and len(arrival_s) and (arrival_s != arrival_s[0]).any():
+            # later rows are released at completions; with staggered times the release order is undefined
+            raise ValueError("closed loop replays a batch: every request must be submitted at the same time")
+        order = np.argsort(arrival_s, kind="stable")   # ties keep row (submission) order
         self.workload = workload.take(order) if not np.array_equal(order, np.arange(len(order))) else workload
         self.arrival = arrival_s[order]
+        # closed loop: the first `closed_loop` rows are submitted at their arrival times, each later
+        # row when an earlier one finishes (arrival +inf until then), as a batch recording ran
+        self.closed_loop = int(closed_loop) if closed_loop is not None else None
+        if self.closed_loop is not None:
+            self.arrival = self.arrival.copy()
+            self.arrival[self.closed_loop:] = np.inf
         self.policy, self.predictor, self.profile, self.config = policy, predictor, profile, config
         self.seed, self.charge_cost, self.record_steps, self.progress = seed, charge_cost, record_steps, progress
 
@@ -153,6 +173,9 @@ class Simulation:
         self.updates = 0
         self.kv_used = 0
         self.contended = 0
+        self.prefilled = np.zeros(n, dtype=np.int64)   # prompt tokens computed (chunked prefill)
+        self.partial = -1                              # row whose prompt is partly prefilled, if any
+        self.released = min(self.closed_loop, n) if self.closed_loop is not None else n
         self.log = StepLog() if self.record_steps else None
 
         pred = self.predictor
@@ -232,9 +255,11 @@ class Simulation:
                 self._set_predictions(rescored, self.predictor.predict(rescored), self.env.now)
 
     # ------------------------------------------------------------------ the step loop
-    def _admit(self, arrived: int) -> np.ndarray:
+    def _admit(self, arrived: int, budget: int) -> np.ndarray:
         cfg = self.config
-        room = cfg.max_resident - len(self.resident)
+        room = cfg.max_resident - len(self.resident) - (self.partial >= 0)
+        if budget <= 0:
+            return np.empty(0, dtype=np.int64)
         lo = self._admit_ptr
         if room <= 0 or lo >= arrived:
             return np.empty(0, dtype=np.int64)
@@ -248,7 +273,11 @@ class Simulation:
         cand = cand[:room]
         tokens = np.cumsum(self.prompt[cand])
         # strict order: stop at the first request that does not fit; an over-long prompt goes alone
-        take = max(int(np.searchsorted(tokens, cfg.prefill_token_budget, side="right")), 1)
+        take = int(np.searchsorted(tokens, budget, side="right"))
+        if cfg.chunked_prefill:   # the next one gets what budget is left, as a first chunk
+            take += int(take < len(cand) and (tokens[take - 1] if take else 0) < budget)
+        else:
+            take = max(take, 1)
         if cfg.kv_token_budget is not None:
             fits = int(np.searchsorted(tokens, cfg.kv_token_budget - self.kv_used, side="right"))
             take = min(take, fits if fits or len(self.resident) else 1)  # an empty engine admits one
@@ -299,7 +328,7 @@ class Simulation:
         while self.finished < n:
             now = env.now
             arrived = int(np.searchsorted(arrival, now, side="right"))
-            if len(self.resident) == 0 and self._admit_ptr >= arrived:
+            if len(self.resident) == 0 and self.partial < 0 and self._admit_ptr >= arrived:
                 yield env.timeout(arrival[arrived] - now)   # idle only when nothing is waiting
                 continue
             if self.arrival_scoring and self.scored < arrived:
@@ -309,9 +338,15 @@ class Simulation:
             view.step = self.step
             view.waiting = arrived - self.n_admitted
             ready = self.resident
-            admit = self._admit(arrived)
             chosen, n_forced = self._choose_decodes(ready)
-            if not len(admit) and not len(chosen):
+            budget = cfg.prefill_token_budget - (len(chosen) if cfg.decodes_in_budget else 0)
+            carried = self.partial
+            carried_chunk = 0
+            if carried >= 0:   # a partly prefilled prompt continues before new admissions
+                carried_chunk = int(min(prompt[carried] - self.prefilled[carried], max(budget, 0)))
+                budget -= carried_chunk
+            admit = self._admit(arrived, budget)
+            if not len(admit) and not len(chosen) and not carried_chunk:
                 raise SimulationStalled(
                     f"step {self.step} at t={now:.6g} s admitted and decoded nothing with "
                     f"{len(ready)} resident and {arrived - self.n_admitted} waiting requests "
@@ -324,8 +359,25 @@ class Simulation:
                 self.in_use_abs_error += float(np.abs(self.predicted[chosen] - length[chosen]).sum())
                 self.in_use_decodes += len(chosen)
 
-            prefill_tokens = int(prompt[admit].sum()) if len(admit) else 0
-            prefill_sq = int(prompt_sq[admit].sum()) if len(admit) else 0
+            if cfg.chunked_prefill:
+                chunks = np.minimum(prompt[admit], np.maximum(budget - np.concatenate(
+                    [[0], np.cumsum(prompt[admit])[:-1]]), 0)) if len(admit) else np.empty(0, dtype=np.int64)
+                before = int(self.prefilled[carried]) if carried >= 0 else 0
+                prefill_tokens = carried_chunk + int(chunks.sum())
+                prefill_sq = carried_chunk * (before + carried_chunk) + int((chunks * chunks).sum())
+                self.prefilled[admit] = chunks
+                if carried >= 0:
+                    self.prefilled[carried] += carried_chunk
+                first = admit[chunks == prompt[admit]]
+                if carried >= 0 and self.prefilled[carried] == prompt[carried]:
+                    first = np.concatenate([[carried], first]).astype(np.int64)
+                    self.partial = -1
+                if len(admit) and chunks[-1] < prompt[admit[-1]]:
+                    self.partial = int(admit[-1])
+            else:
+                first = admit
+                prefill_tokens = int(prompt[admit].sum()) if len(admit) else 0
+                prefill_sq = int(prompt_sq[admit].sum()) if len(admit) else 0
             context = int(prompt[chosen].sum() + generated[chosen].sum())
             duration = profile.step_time(prefill_tokens, prefill_sq, len(chosen), context)
             charge = self.gpu_debt
@@ -341,9 +393,9 @@ class Simulation:
                 log.decoded.append(len(chosen))
                 log.forced.append(n_forced)
                 log.ready.append(len(ready))
-                log.resident.append(len(ready) + len(admit))
+                log.resident.append(len(ready) + len(admit) + (carried >= 0))   # a carried chunk holds a place
                 log.arrived.append(arrived)
-                log.capacity_left.append(cfg.max_resident - len(ready) - len(admit))
+                log.capacity_left.append(cfg.max_resident - len(ready) - len(admit) - (carried >= 0))
                 log.waiting.append(view.waiting - len(admit))
             yield env.timeout(duration)
             end = env.now
@@ -356,19 +408,21 @@ class Simulation:
             done = chosen[generated[chosen] >= length[chosen]]
             if len(admit):
                 self.admit_s[admit] = now
-                self.first_token_s[admit] = end
-                generated[admit] = 1
-                last_served[admit] = self.step
-                self.kv_used += prefill_tokens + len(admit)
+            self.kv_used += prefill_tokens
+            if len(first):   # prompts completed this step emit their first token
+                self.first_token_s[first] = end
+                generated[first] = 1
+                last_served[first] = self.step
+                self.kv_used += len(first)
                 if prefill_predictor:
-                    self._predict_after_prefill(admit, now, duration)
+                    self._predict_after_prefill(first, now, duration)
                 elif pred is not None:
-                    observed = pred.after_prefill(admit)
+                    observed = pred.after_prefill(first)
                     if observed is not None:
-                        self._set_predictions(admit, observed, end)
+                        self._set_predictions(first, observed, end)
                         if self.charge_cost:
-                            self.gpu_debt += self.cost.gpu_s_per_refresh * len(admit)
-                one_token = admit[length[admit] <= 1]
+                            self.gpu_debt += self.cost.gpu_s_per_refresh * len(first)
+                one_token = first[length[first] <= 1]
                 if len(one_token):
                     done = np.concatenate([done, one_token])
             if refresh_every:
@@ -384,11 +438,15 @@ class Simulation:
                 self.kv_used -= int(prompt[done].sum() + length[done].sum())
                 keep = np.isnan(self.finish_s[resident])
                 resident = resident[keep]
-            if len(admit):
-                resident = np.concatenate([resident, admit[np.isnan(self.finish_s[admit])]])
+            if len(first):
+                resident = np.concatenate([resident, first[np.isnan(self.finish_s[first])]])
                 if self.ordered_admission:
                     resident.sort(kind="stable")
             self.resident = resident
+            if self.released < n and len(done):   # closed loop: each completion submits the next row
+                fresh = min(len(done), n - self.released)
+                arrival[self.released:self.released + fresh] = end
+                self.released += fresh
             if log is not None:
                 log.finished.append(self.finished)
             if len(done) and pred is not None:

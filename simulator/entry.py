@@ -64,3 +64,7 @@ def evaluate_predictors() -> int:
 
 def capture_traces() -> int:
     return _run("capture.cli:main", NUMPY_ONLY_VARS)
+
+
+def leap_validate() -> int:
+    return _run("simulator.validate:main")

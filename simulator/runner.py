@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -15,6 +15,7 @@ from predictors import make_predictor
 from predictors.base import PredictorOptions
 from simulator.engine import EngineConfig, RunResult, Simulation
 from simulator.metrics import summarize
+from simulator.preset import recorded_engine_config, recorded_window
 from simulator.profiles import DEFAULT_PROFILE, make_profile
 from simulator.trace import Trace, load_trace, trace_reference
 from simulator.workload import ArrivalSpec, make_arrivals, measure_capacity
@@ -39,36 +40,80 @@ def code_hash() -> str:
     return digest.hexdigest()
 
 
+PRESETS = ("recorded",)
+ENGINE_FIELDS = tuple(f.name for f in fields(EngineConfig))
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything that determines a run's output (same config + seed -> identical bytes)."""
+    """Everything that determines a run's output (same config + seed -> identical bytes).
+
+    ``load`` is a multiple of the measured FCFS capacity for rate-driven arrivals, and None for
+    arrivals replayed as recorded (``recorded``, ``closed[:N]``), which need no capacity. With
+    ``preset="recorded"`` the engine settings come from the trace's metadata and
+    ``engine_overrides`` (field, value) pairs replace some of them; ``engine_config`` is unused."""
 
     trace: str
     predictor: str = NO_PREDICTOR
     policy: str = "fcfs"
     engine: str = DEFAULT_PROFILE
-    load: float = 1.0
+    load: float | None = 1.0
     arrivals: ArrivalSpec = field(default_factory=ArrivalSpec)
     requests: int | None = None
     seed: int = 0
     engine_config: EngineConfig = field(default_factory=EngineConfig)
     predictor_options: PredictorOptions = field(default_factory=PredictorOptions)
     charge_cost: bool = True
+    preset: str | None = None
+    engine_overrides: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        if not np.isfinite(self.load) or self.load <= 0:
+        if self.arrivals.as_recorded:
+            if self.load is not None:
+                raise ValueError(f"--load does not apply to --arrivals {self.arrivals.describe()}: requests are "
+                                 "replayed as recorded, no capacity is measured")
+        elif self.load is None or not np.isfinite(self.load) or self.load <= 0:
             raise ValueError(f"load must be a positive multiple of capacity, got {self.load}")
         if self.requests is not None and self.requests < 1:
             raise ValueError(f"--requests must be >= 1, got {self.requests}")
         if not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"--seed must be between 0 and 2**63 - 1 (stored as int64), got {self.seed}")
+        if self.preset is not None and self.preset not in PRESETS:
+            raise ValueError(f"unknown --preset {self.preset!r} (choose from {', '.join(PRESETS)})")
+        if self.engine_overrides and self.preset is None:
+            raise ValueError("engine_overrides apply to a preset; without one set engine_config")
+        for name, _ in self.engine_overrides:
+            if name not in ENGINE_FIELDS:
+                raise ValueError(f"unknown engine setting {name!r}")
+
+    def engine_config_for(self, trace: Trace) -> EngineConfig:
+        """The engine settings of this run on ``trace`` (a preset read from its metadata, then overrides)."""
+        if self.preset is None:
+            return self.engine_config
+        return replace(recorded_engine_config(trace), **dict(self.engine_overrides))
 
     def describe(self) -> dict:
         d = asdict(self)
         d["arrivals"] = self.arrivals.describe()
         d["trace"] = trace_reference(self.trace)        # no absolute paths in shared outputs
         d["predictor_options"]["train_trace"] = trace_reference(self.predictor_options.train_trace)
+        if self.preset is None:   # keep the config.json of runs without a preset as it was
+            del d["preset"], d["engine_overrides"]
+        else:
+            del d["engine_config"]
+            d["engine_overrides"] = dict(self.engine_overrides)
         return d
+
+
+def check_kv_budget(workload: Trace, config: EngineConfig) -> None:
+    """A KV budget below some prompt + its first token could only be kept by never admitting it."""
+    if config.kv_token_budget is None or not len(workload):
+        return
+    need = workload.prompt_tokens.astype(np.int64) + 1
+    row = int(np.argmax(need))
+    if need[row] > config.kv_token_budget:
+        raise ValueError(f"kv-budget {config.kv_token_budget} cannot hold request {workload.request_id[row]} of trace "
+                         f"{workload.name!r} ({need[row] - 1} prompt tokens + its first token)")
 
 
 @dataclass
@@ -78,8 +123,8 @@ class Prepared:
     config: RunConfig
     workload: Trace
     simulation: Simulation
-    capacity_req_s: float
-    arrival_rate_req_s: float
+    capacity_req_s: float | None        # None for arrivals replayed as recorded
+    arrival_rate_req_s: float | None
     resolved: dict
 
 
@@ -97,12 +142,23 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
     if predictor is not None:   # train or load now, so a bad training trace fails before any output
         predictor.bind(workload, np.random.default_rng(config.seed))
     profile = make_profile(config.engine, trace)
-    capacity = measure_capacity(workload, profile, config.engine_config)
-    rate = config.load * capacity
-    arrival_s = make_arrivals(config.arrivals, workload, rate, config.seed)
+    engine_config = config.engine_config_for(trace)
+    check_kv_budget(workload, engine_config)
+    window = None
+    if config.arrivals.as_recorded:   # no capacity: nothing is rescaled to a load
+        capacity = None
+        arrival_s = make_arrivals(config.arrivals, workload, None, config.seed)
+        span = float(arrival_s.max() - arrival_s.min()) if len(arrival_s) else 0.0
+        rate = (len(arrival_s) - 1) / span if config.arrivals.kind == "recorded" and span > 0 else None
+        if config.arrivals.kind == "closed":
+            window = config.arrivals.window or recorded_window(trace)
+    else:
+        capacity = measure_capacity(workload, profile, engine_config)
+        rate = config.load * capacity
+        arrival_s = make_arrivals(config.arrivals, workload, rate, config.seed)
     sim = Simulation(workload, arrival_s, policy=policy, predictor=predictor, profile=profile,
-                     config=config.engine_config, seed=config.seed, charge_cost=config.charge_cost,
-                     record_steps=record_steps, progress=progress)
+                     config=engine_config, seed=config.seed, charge_cost=config.charge_cost,
+                     record_steps=record_steps, progress=progress, closed_loop=window)
     resolved = {
         **config.describe(),
         "trace_name": trace.name,
@@ -116,6 +172,9 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
         "arrivals_hash": hashlib.sha256(np.ascontiguousarray(arrival_s, dtype=np.float64).tobytes()).hexdigest(),
         "code_hash": code_hash(),
     }
+    if config.preset is not None or window is not None:
+        resolved["engine_config_used"] = asdict(engine_config)
+        resolved["closed_loop_window"] = window
     return Prepared(config, workload, sim, capacity, rate, resolved)
 
 

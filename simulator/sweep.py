@@ -56,7 +56,8 @@ class Stopped(BaseException):
 
 
 def run_slug(config: RunConfig) -> str:
-    return f"{config.predictor}-{config.policy}-{config.load:g}x-seed{config.seed}"
+    at = f"{config.load:g}x" if config.load is not None else config.arrivals.describe().replace(":", "")
+    return f"{config.predictor}-{config.policy}-{at}-seed{config.seed}"
 
 
 def planned_record(prepared: Prepared) -> dict:

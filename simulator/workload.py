@@ -38,24 +38,57 @@ def parse_load(text: str) -> float:
 
 @dataclass(frozen=True)
 class ArrivalSpec:
-    """Where arrival times come from: ``poisson``, ``trace`` (the trace's own) or a CSV file."""
+    """Where arrival times come from.
+
+    Rate-driven (scaled to ``--load`` x capacity): ``poisson``, ``trace`` (the trace's own times,
+    stretched), a CSV file of timestamps. As recorded (no load, no capacity): ``recorded`` (each
+    request at its own ``arrival_s`` minus the first, unscaled; ties in row order) and ``closed:N``
+    (closed loop: N requests in flight, the next submitted when one finishes; ``closed`` alone
+    takes N from the recording's metadata).
+    """
 
     kind: str = "poisson"
     csv_path: Path | None = None
+    window: int | None = None   # closed loop: requests in flight (None: the recording's own)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("poisson", "trace", "csv", "recorded", "closed"):
+            raise ValueError(f"unknown arrival kind {self.kind!r}")
+        if self.window is not None and (self.kind != "closed" or self.window < 1):
+            raise ValueError(f"--arrivals closed:N needs N >= 1, got {self.window}")
 
     @classmethod
     def parse(cls, text: str) -> "ArrivalSpec":
-        if text in ("poisson", "trace"):
+        if text in ("poisson", "trace", "recorded", "closed"):
             return cls(text)
+        if text.startswith("closed:"):
+            raw = text[len("closed:"):]
+            try:
+                window = int(raw)
+            except ValueError:
+                raise ValueError(f"--arrivals {text!r}: expected closed:N with N an integer >= 1") from None
+            if window < 1:
+                raise ValueError(f"--arrivals {text!r}: closed loop needs N >= 1 requests in flight")
+            return cls("closed", window=window)
         path = Path(text)
         if path.suffix.lower() != ".csv":
-            raise ValueError(f"--arrivals {text!r}: expected 'poisson', 'trace' or a .csv file of timestamps")
+            raise ValueError(f"--arrivals {text!r}: expected 'poisson', 'trace', 'recorded', 'closed[:N]' or a "
+                             ".csv file of timestamps")
         if not path.is_file():
             raise ValueError(f"--arrivals {text}: no such file")
         return cls("csv", path)
 
+    @property
+    def as_recorded(self) -> bool:
+        """Replayed as recorded: no load multiple, no capacity measured."""
+        return self.kind in ("recorded", "closed")
+
     def describe(self) -> str:
-        return shareable_path(self.csv_path) if self.kind == "csv" else self.kind
+        if self.kind == "csv":
+            return shareable_path(self.csv_path)
+        if self.kind == "closed" and self.window is not None:
+            return f"closed:{self.window}"
+        return self.kind
 
 
 def read_timestamps_csv(path: Path) -> np.ndarray:
@@ -109,9 +142,25 @@ def rescale_to_rate(times: np.ndarray, n: int, rate: float) -> np.ndarray:
     return out[:n]
 
 
-def make_arrivals(spec: ArrivalSpec, workload: Trace, rate: float, seed: int) -> np.ndarray:
-    """Arrival offsets (s) for every request of ``workload`` at mean ``rate`` req/s."""
+def recorded_arrivals(workload: Trace) -> np.ndarray:
+    """``--arrivals recorded``: each request at its own ``arrival_s`` minus the first, unscaled.
+
+    Equal times are fine (a batch recorded at t=0); the engine breaks ties by row order."""
+    own = workload.arrival_s
+    if own is None:
+        raise ValueError(f"--arrivals recorded: trace {workload.name!r} has no recorded arrival_s "
+                         "(a batch recording replays with --arrivals closed:N)")
+    return own - float(own.min()) if len(own) else own
+
+
+def make_arrivals(spec: ArrivalSpec, workload: Trace, rate: float | None, seed: int) -> np.ndarray:
+    """Arrival offsets (s) for every request of ``workload`` at mean ``rate`` req/s (closed loop:
+    all at 0, the engine releases them ``window`` at a time)."""
     n = len(workload)
+    if spec.kind == "recorded":
+        return recorded_arrivals(workload)
+    if spec.kind == "closed":
+        return np.zeros(n)
     if spec.kind == "poisson":
         rng = np.random.default_rng(seed)
         gaps = rng.exponential(1.0 / rate, size=n)
@@ -122,6 +171,9 @@ def make_arrivals(spec: ArrivalSpec, workload: Trace, rate: float, seed: int) ->
             raise ValueError(f"--arrivals trace: trace {workload.name!r} has no recorded arrival_s")
         if n == 1:
             return np.zeros(1)
+        if own.max() == own.min():
+            raise ValueError(f"--arrivals trace: trace {workload.name!r} has all arrival_s equal (a batch at one "
+                             "instant), nothing to stretch to a rate; use --arrivals recorded or closed:N")
         # rescale in time order, then give each request its own (rescaled) time back
         order = np.argsort(own, kind="stable")
         out = np.empty(n)

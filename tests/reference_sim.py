@@ -7,8 +7,15 @@ with it request for request and step for step.
 
 Semantics implemented (../shared/spec/simulator.md plus the engine contract):
 
-- Rows: requests are ordered by (arrival_s, request_id) with the id compared as a string
-  ("r10" < "r2"); that order is FCFS and the last tie-break of every sort.
+- Rows: requests are ordered by (arrival_s, caller's order): ties keep submission order; that
+  order is FCFS and the last tie-break of every sort.
+- Options (off by default), vLLM V1 style: ``decodes_in_budget``: the step's decodes take one token
+  each of prefill_token_budget before any prefill; ``chunked_prefill``: a partly prefilled prompt
+  continues first with min(rest, budget left), then admission takes whole prompts while they fit
+  and gives the next one what is left as a first chunk; a prompt emits its first token in the step
+  that completes it (prefill work of a chunk: chunk * (computed before + chunk)).
+  ``closed_loop=N`` (a batch: every arrival_s equal): the first N rows arrive at that time, every
+  later row when an earlier one finishes (at that step's end), in row order.
 - A step starts at time t. If nothing is resident and nothing has arrived-but-not-admitted, the
   engine idles until the next arrival (no step is taken, the step counter does not advance).
 - Admission: candidates = waiting requests in admission order (fcfs: row order; countdown:
@@ -88,7 +95,8 @@ def _remaining(predicted, generated):
 
 def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicted=None,
              step_time=unit_step_time, max_resident=512, decode_slots=64,
-             prefill_token_budget=8192, wait_cap=128, request_ids=None):
+             prefill_token_budget=8192, wait_cap=128, request_ids=None, chunked_prefill=False,
+             decodes_in_budget=False, closed_loop=None):
     """Run the reference. Per-request inputs are in the caller's order; so are the outputs.
 
     Returns a dict: ``admit_s``, ``first_token_s``, ``finish_s``, ``forced_steps`` (lists in the
@@ -110,7 +118,10 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
     assert all(o >= 1 for o in length) and all(p >= 1 for p in prompt)
 
     # row order: (arrival, id as a string)
-    rows = sorted(range(n), key=lambda i: (arrival[i], str(request_ids[i])))
+    rows = sorted(range(n), key=lambda i: (arrival[i], i))
+    if closed_loop is not None:
+        for i in rows[closed_loop:]:
+            arrival[i] = math.inf
     row_of = [0] * n
     for position, i in enumerate(rows):
         row_of[i] = position
@@ -123,6 +134,8 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
     admit_s = [None] * n
     first_token_s = [None] * n
     finish_s = [None] * n
+    computed = [0] * n              # prompt tokens prefilled so far (chunked prefill)
+    released = min(closed_loop, n) if closed_loop is not None else n
     log = []
 
     t = 0.0
@@ -132,14 +145,22 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
         arrived = [i for i in rows if arrival[i] <= t]
         waiting = [i for i in arrived if state[i] == WAITING]
         resident = [i for i in rows if state[i] == RESIDENT]
-        if not waiting and not resident:
+        partial = [i for i in rows if state[i] == "prefilling"]
+        if not waiting and not resident and not partial:
             t = min(arrival[i] for i in range(n) if arrival[i] > t)
             continue
 
-        # ---- admission
+        done_before = n_done
+        # ---- admission (see below: the budget left after decodes and a carried chunk)
         admitted = []
-        room = max_resident - len(resident)
-        if room > 0 and waiting:
+        chunk_of = {}
+        room = max_resident - len(resident) - len(partial)
+        budget = prefill_token_budget - (min(len(resident), decode_slots) if decodes_in_budget else 0)
+        for i in partial:
+            c = min(prompt[i] - computed[i], max(budget, 0))
+            chunk_of[i] = c
+            budget -= c
+        if room > 0 and waiting and budget > 0:
             if policy == "fcfs":
                 candidates = list(waiting)
             elif policy == "countdown":
@@ -149,12 +170,17 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
             candidates = candidates[:room]
             total = 0
             for i in candidates:
-                if total + prompt[i] > prefill_token_budget:
+                if total + prompt[i] > budget:
+                    if chunked_prefill and total < budget:
+                        admitted.append(i)
+                        chunk_of[i] = budget - total
                     break
                 admitted.append(i)
+                chunk_of[i] = prompt[i]
                 total += prompt[i]
             if not admitted:
                 admitted = [candidates[0]]
+                chunk_of[candidates[0]] = prompt[candidates[0]]
 
         # ---- decode choice among the requests resident before this step
         ready = resident
@@ -181,8 +207,8 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
                 decoded = forced + ranked[:decode_slots - len(forced)]
 
         # ---- step time
-        prefill_tokens = sum(prompt[i] for i in admitted)
-        prefill_sq = sum(prompt[i] * prompt[i] for i in admitted)
+        prefill_tokens = sum(chunk_of.values())
+        prefill_sq = sum(c * (computed[i] + c) for i, c in chunk_of.items())
         context = sum(prompt[i] + generated[i] for i in decoded)
         duration = step_time(prefill_tokens, prefill_sq, len(decoded), context)
         end = t + duration
@@ -197,8 +223,16 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
                 n_done += 1
         for i in forced:
             forced_steps[i] += 1
+        completes = []
+        for i, c in chunk_of.items():
+            computed[i] += c
+            if computed[i] == prompt[i]:
+                completes.append(i)
+            else:
+                state[i] = "prefilling"
         for i in admitted:
             admit_s[i] = t
+        for i in completes:
             first_token_s[i] = end
             generated[i] = 1
             last_served[i] = step
@@ -208,10 +242,15 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
                 finish_s[i] = end
                 n_done += 1
 
+        if closed_loop is not None:   # each request finished this step submits the next row
+            for _ in range(n_done - done_before):
+                if released < n:
+                    arrival[rows[released]] = end
+                    released += 1
         log.append({
             "start_s": t, "duration_s": duration,
             "admitted": len(admitted), "decoded": len(decoded), "forced": len(forced),
-            "ready": len(ready), "resident": len(ready) + len(admitted),
+            "ready": len(ready), "resident": len(ready) + len(admitted) + len(partial),
             "waiting": len(waiting) - len(admitted), "arrived": len(arrived), "finished": n_done,
             "admitted_ids": list(admitted), "decoded_ids": list(decoded), "forced_ids": list(forced),
         })

@@ -62,11 +62,11 @@ def probe(tmp_path, name: str, env_extra: dict | None = None) -> dict:
 
 
 def test_every_console_script_goes_through_the_entry_module():
-    assert set(SCRIPTS) == {"simulate", "capture-traces", "evaluate-predictors", "leap-report"}
+    assert set(SCRIPTS) == {"simulate", "capture-traces", "evaluate-predictors", "leap-report", "leap-validate"}
     assert all(target.startswith("simulator.entry:") for target in SCRIPTS.values()), SCRIPTS
 
 
-@pytest.mark.parametrize("name", ["simulate", "evaluate-predictors", "leap-report"])
+@pytest.mark.parametrize("name", ["simulate", "evaluate-predictors", "leap-report", "leap-validate"])
 def test_commands_and_their_workers_run_one_blas_thread(tmp_path, name):
     seen = probe(tmp_path, name)
     for where in ("main", "worker"):

@@ -113,11 +113,15 @@ class Case:
     decode_slots: int
     budget: int
     wait_cap: int
+    chunked_prefill: bool = False     # vLLM V1 options (off in the paper's setup)
+    decodes_in_budget: bool = False
+    closed_loop: int | None = None    # N in flight, the next submitted when one finishes
 
     @property
     def config(self) -> EngineConfig:
         return EngineConfig(max_resident=self.max_resident, decode_slots=self.decode_slots,
-                            prefill_token_budget=self.budget, wait_cap=self.wait_cap)
+                            prefill_token_budget=self.budget, wait_cap=self.wait_cap,
+                            chunked_prefill=self.chunked_prefill, decodes_in_budget=self.decodes_in_budget)
 
 
 GAPS = st.one_of(
@@ -156,6 +160,21 @@ def cases(draw, policies=("fcfs", "countdown", "aging"), predictors=None, step_t
                 budget=draw(st.integers(1, 120)), wait_cap=draw(st.integers(0, 6)))
 
 
+@st.composite
+def vllm_cases(draw):
+    """``cases`` under vLLM V1 scheduling: chunked prefill, decodes counted against the token budget,
+    and closed loop (a batch: every request submitted at one instant, N of them in flight)."""
+    case = draw(cases())
+    case.chunked_prefill = draw(st.booleans())
+    case.decodes_in_budget = draw(st.booleans())
+    if draw(st.booleans()):
+        case.closed_loop = draw(st.integers(min_value=1, max_value=len(case.prompt) + 2))
+        case.arrival = [case.arrival[0]] * len(case.prompt)
+    if not (case.chunked_prefill or case.decodes_in_budget or case.closed_loop):
+        case.chunked_prefill = True
+    return case
+
+
 def make_predictor_for(case: Case, output=None):
     if case.predictor == "none":
         return None
@@ -171,7 +190,7 @@ def run_engine(case: Case, output=None) -> RunResult:
     wl = trace_from_arrays("hypo", case.prompt, output)
     return Simulation(wl, np.asarray(case.arrival, dtype=np.float64), policy=make_policy(case.policy),
                       predictor=make_predictor_for(case), profile=FunctionProfile(STEP_TIMES[case.step_time]),
-                      config=case.config, seed=case.seed, record_steps=True).run()
+                      config=case.config, seed=case.seed, record_steps=True, closed_loop=case.closed_loop).run()
 
 
 def run_case_recorded(case: Case, output=None):
@@ -210,7 +229,8 @@ def run_reference(case: Case, predicted):
     return reference_sim.simulate(case.prompt, case.output, case.arrival, policy=case.policy, predicted=predicted,
                                   step_time=STEP_TIMES[case.step_time], max_resident=case.max_resident,
                                   decode_slots=case.decode_slots, prefill_token_budget=case.budget,
-                                  wait_cap=case.wait_cap)
+                                  wait_cap=case.wait_cap, chunked_prefill=case.chunked_prefill,
+                                  decodes_in_budget=case.decodes_in_budget, closed_loop=case.closed_loop)
 
 
 def close(a, b) -> bool:
@@ -294,7 +314,12 @@ def check_causality(result: RunResult, config: EngineConfig) -> None:
     ends = starts + log["duration_s"]
     k = np.searchsorted(starts, admit)
     assert (k < len(starts)).all() and np.array_equal(starts[k], admit), "admission not at a step start"
-    assert np.array_equal(ends[k], first), "first token not at the end of the admission step"
+    if not config.chunked_prefill:
+        assert np.array_equal(ends[k], first), "first token not at the end of the admission step"
+    else:   # the end of the step that completes the prompt: that step or a later one
+        j = np.searchsorted(ends, first)
+        assert (j < len(ends)).all() and np.array_equal(ends[j], first) and (j >= k).all(), \
+            "first token not at the end of a step at or after admission"
 
 
 def check_monotone_clock(result: RunResult, config: EngineConfig) -> None:
@@ -484,6 +509,42 @@ def test_engine_agrees_with_reference(case):
     assert_agrees(result, ref)
     for check in ALL_CHECKS:
         check(result, case.config)
+
+
+@AGREEMENT_SETTINGS
+@given(vllm_cases())
+def test_engine_agrees_with_reference_vllm_scheduling(case):
+    """Exact agreement under chunked prefill, decodes in the token budget and closed loop (each on
+    or off): per-request times, forced steps and every step's composition; the step-log checks that
+    do not assume whole-prompt admission (conservation, limits, causality, monotone clock) hold."""
+    result = run_engine(case)
+    ref = run_reference(case, engine_predictions(case, result))
+    assert_agrees(result, ref)
+    for check in (check_conservation, check_limits, check_causality, check_monotone_clock):
+        check(result, case.config)
+
+
+@INVARIANT_SETTINGS
+@given(vllm_cases())
+def test_invariant_closed_loop_window_and_chunk_budget(case):
+    """Closed loop: never more than N submitted-and-unfinished requests, and each submission after
+    the first N is some request's completion. Chunked prefill with decodes in budget: a step's work
+    never exceeds the token budget unless decodes alone do (or an unchunked prompt goes alone)."""
+    result = run_engine(case)
+    arrival, finish = result.arrival_s, result.finish_s
+    if case.closed_loop is not None:
+        n = case.closed_loop
+        for t in np.unique(arrival):
+            assert int(((arrival <= t) & (finish > t)).sum()) <= n
+        assert np.array_equal(np.sort(arrival[n:]), np.sort(finish)[:max(len(arrival) - n, 0)])
+    if case.chunked_prefill and case.decodes_in_budget:
+        profile = RecordingProfile(FunctionProfile(STEP_TIMES[case.step_time]))
+        wl = trace_from_arrays("hypo", case.prompt, case.output)
+        Simulation(wl, np.asarray(case.arrival, dtype=np.float64), policy=make_policy(case.policy),
+                   predictor=make_predictor_for(case), profile=profile, config=case.config, seed=case.seed,
+                   closed_loop=case.closed_loop).run()
+        for prefill_tokens, _, decode_batch, _ in profile.calls:
+            assert prefill_tokens + decode_batch <= max(case.budget, decode_batch)
 
 
 @pytest.mark.parametrize("policy", REAL_POLICIES)
@@ -770,3 +831,13 @@ def test_invariant_same_seed_same_output_sharegpt(policy, sharegpt, roofline, ca
     a, b = run(arr1, 9), run(arr2, 9)
     _assert_same_run(a, b)
     assert np.array_equal(a.predicted_tokens, b.predicted_tokens, equal_nan=True)
+
+
+def test_closed_loop_refuses_staggered_arrivals():
+    """Closed loop replays a batch; with staggered submission times the release order is undefined."""
+    wl = trace_from_arrays("hypo", [3, 4, 5], [2, 2, 2])
+    with pytest.raises(ValueError, match="same time"):
+        Simulation(wl, np.array([0.0, 1.0, 2.0]), policy=make_policy("fcfs"), predictor=None,
+                   profile=make_profile("unit"), closed_loop=2)
+    Simulation(wl, np.full(3, 2.0), policy=make_policy("fcfs"), predictor=None, profile=make_profile("unit"),
+               closed_loop=2).run()

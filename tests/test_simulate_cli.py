@@ -108,7 +108,18 @@ def test_table_output(capsys):
     (["--trace", "nope"], "not a file and not a bundled trace"),
     (["--decode-slots", "0"], "must be >= 1"),
     (["--requests", "ten"], "expected an integer"),
-    (["--arrivals", "bursty"], "expected 'poisson', 'trace' or a .csv"),
+    (["--arrivals", "bursty"], "expected 'poisson', 'trace', 'recorded', 'closed[:N]' or a .csv"),
+    (["--arrivals", "recorded"], "trace 'sharegpt-lengths' has no recorded arrival_s"),
+    (["--arrivals", "closed:0"], "closed loop needs N >= 1"),
+    (["--arrivals", "closed:-3"], "closed loop needs N >= 1"),
+    (["--arrivals", "closed:four"], "expected closed:N with N an integer >= 1"),
+    (["--arrivals", "closed"], "trace 'sharegpt-lengths' has no recorded vLLM window"),
+    (["--arrivals", "closed:4", "--load", "1x"], "--load does not apply to --arrivals closed:4"),
+    (["--arrivals", "recorded", "--load", "1.5x"], "--load does not apply to --arrivals recorded"),
+    (["--preset", "recorded"], "trace 'sharegpt-lengths' has no recorded vLLM engine settings"),
+    (["--preset", "vllm"], "invalid choice"),
+    (["--kv-budget", "100"], "max-resident 512 is above kv-budget 100"),
+    (["--kv-budget", "20", "--max-resident", "4"], "kv-budget 20 cannot hold request"),
     (["--arrivals", "trace"], "no recorded arrival_s"),
     (["--predictor", "none", "--policy", "countdown"], "needs a predictor"),
     (["--requests", "999999"], "has only"),
@@ -225,3 +236,133 @@ def test_default_run_compares_fcfs_with_a_length_aware_predictor(capsys):
     assert main(["--trace", "lmsys", "--requests", "200", "--json"]) == 0
     rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [(r["predictor"], r["policy"]) for r in rows] == [("none", "fcfs"), ("leap-rls", "countdown")]
+
+
+# ----------------------------------------------------------------------------- replay as recorded
+def write_trace(path, prompt, output, arrival=None, **meta):
+    """A trace file (request ids r0, r1, ...) with optional arrival_s and recording metadata."""
+    from simulator.trace import trace_from_arrays, trace_metadata
+    trace = trace_from_arrays(path.stem, prompt, output, arrival_s=arrival)
+    pq.write_table(trace.table.replace_schema_metadata(trace_metadata(**meta)), path)
+    return str(path)
+
+
+def vllm_meta(seqs=4, budget=64, **details):
+    return {"backend": "vllm", "backend_details": {"engine_args": {"max_num_seqs": seqs, "max_num_batched_tokens": budget,
+                                                                   "max_model_len": 256}, **details}}
+
+
+def one_line_error(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err, err
+
+
+def test_arrivals_recorded_replays_own_times_unscaled_ties_in_row_order(tmp_path, capsys):
+    arrival = [5.0, 7.0, 7.0, 6.0, 7.0, 30.0]
+    path = write_trace(tmp_path / "srv.parquet", [3, 9, 4, 5, 6, 2], [4, 3, 5, 2, 6, 3], arrival)
+    out = tmp_path / "o"
+    assert main(["--trace", path, "--arrivals", "recorded", "--predictor", "none", "--engine", "unit",
+                 "--decode-slots", "1", "--json", "--out", str(out)]) == 0
+    [summary] = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert summary["load"] is None and summary["capacity_req_s"] is None and summary["arrivals"] == "recorded"
+    assert summary["arrival_rate_req_s"] == pytest.approx(5 / 25.0)
+    table = pq.read_table(out / "requests.parquet").to_pydict()
+    # rows in (arrival, trace row) order: the three requests at t=7 keep their submission order
+    assert table["request_id"] == ["r0", "r3", "r1", "r2", "r4", "r5"]
+    assert table["arrival_s"] == [0.0, 1.0, 2.0, 2.0, 2.0, 25.0]
+    assert not (tmp_path / "cache" / "capacity.json").exists()
+
+
+def test_arrivals_recorded_batch_at_t0_works_where_rescaling_refuses(tmp_path, capsys, monkeypatch):
+    """A batch recorded at t=0 (all arrival_s equal) replays as recorded; `trace` cannot stretch it."""
+    monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path / "cache"))
+    prompt, output = [30, 5, 12, 40, 8, 9, 21, 3], [20, 50, 7, 33, 12, 1, 60, 9]
+    path = write_trace(tmp_path / "batch.parquet", prompt, output, [4.0] * 8)
+    assert main(["--trace", path, "--arrivals", "recorded", "--predictor", "oracle", "--engine", "unit",
+                 "--decode-slots", "2", "--json"]) == 0
+    [summary] = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert summary["completed"] == 8 and summary["arrival_rate_req_s"] is None
+    assert not (tmp_path / "cache" / "capacity.json").exists()   # no capacity measured
+    one_line_error(capsys, ["--trace", path, "--arrivals", "trace", "--predictor", "none", "--engine", "unit"],
+                   "trace 'batch' has all arrival_s equal")
+
+    import numpy as np
+    from policies import make_policy
+    from predictors.oracle import Oracle
+    from simulator.engine import EngineConfig, Simulation
+    from simulator.profiles import make_profile
+    from simulator.trace import load_trace
+    direct = Simulation(load_trace(path), np.zeros(8), policy=make_policy("countdown"), predictor=Oracle(),
+                        profile=make_profile("unit"), config=EngineConfig(decode_slots=2)).run()
+    assert summary["mean_e2e_s"] == pytest.approx(float(np.mean(direct.finish_s - direct.arrival_s)), rel=1e-12)
+
+
+def test_closed_loop_keeps_n_in_flight_and_measures_no_capacity(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "o"
+    assert main(["--trace", TRACE, "--requests", "120", "--arrivals", "closed:5", "--predictor", "none",
+                 "--engine", "unit", "--json", "--out", str(out)]) == 0
+    [summary] = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert summary["arrivals"] == "closed:5" and summary["capacity_req_s"] is None and summary["completed"] == 120
+    table = pq.read_table(out / "requests.parquet").to_pydict()
+    arrival, finish = table["arrival_s"], table["finish_s"]
+    assert arrival[:5] == [0.0] * 5 and all(a > 0 for a in arrival[5:])
+    for t in sorted(set(arrival)):   # never more than 5 submitted and unfinished
+        assert sum(1 for a, f in zip(arrival, finish) if a <= t < f) <= 5
+    assert sorted(arrival[5:]) == sorted(finish)[:115]   # each submission is a completion
+    assert json.loads((out / "config.json").read_text())["closed_loop_window"] == 5
+    assert not (tmp_path / "cache" / "capacity.json").exists()
+
+
+def test_preset_recorded_reads_the_recording_and_flags_override(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(["--trace", "math", "--requests", "60", "--preset", "recorded", "--arrivals", "closed",
+                 "--predictor", "none", "--engine", "unit", "--quiet", "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["engine_config_used"] == {"max_resident": 64, "decode_slots": 64, "prefill_token_budget": 2048,
+                                            "kv_token_budget": None, "wait_cap": 0, "chunked_prefill": True,
+                                            "decodes_in_budget": True}
+    assert config["closed_loop_window"] == 72 and config["preset"] == "recorded"
+    capsys.readouterr()
+    assert main(["--trace", "math", "--requests", "60", "--preset", "recorded", "--arrivals", "closed:8",
+                 "--max-resident", "4", "--no-chunked-prefill", "--predictor", "none", "--engine", "unit",
+                 "--quiet", "--out", str(out)]) == 0
+    used = json.loads((out / "config.json").read_text())["engine_config_used"]
+    assert used["max_resident"] == 4 and used["chunked_prefill"] is False and used["decode_slots"] == 64
+
+
+def test_preset_whose_caps_contradict_is_refused(tmp_path, capsys):
+    path = write_trace(tmp_path / "bad.parquet", [3, 4], [5, 6], None, **vllm_meta(seqs=128, budget=64))
+    one_line_error(capsys, ["--trace", path, "--preset", "recorded", "--arrivals", "closed", "--predictor", "none"],
+                   "max_num_batched_tokens 64 < max_num_seqs 128")
+    path = write_trace(tmp_path / "kv.parquet", [3, 4], [5, 6], None, **vllm_meta(kv_blocks=1, kv_block_size=128))
+    one_line_error(capsys, ["--trace", path, "--preset", "recorded", "--arrivals", "closed", "--predictor", "none"],
+                   "KV cache 1 x 128 tokens < max_model_len 256")
+    # a preset combined with an override the engine cannot honour
+    path = write_trace(tmp_path / "ok.parquet", [3, 4], [5, 6], None, **vllm_meta())
+    one_line_error(capsys, ["--trace", path, "--preset", "recorded", "--arrivals", "closed", "--predictor", "none",
+                            "--kv-budget", "2"], "max-resident 4 is above kv-budget 2")
+
+
+def test_arrival_csv_without_usable_timestamps_refused_before_any_output(tmp_path, capsys):
+    for name, text, message in [("same.csv", "arrival_s\n3\n3\n3\n", "all timestamps are equal"),
+                                ("words.csv", "TIMESTAMP\nmonday\ntuesday\n", "unparseable timestamp"),
+                                ("none.csv", "when\n1\n2\n", "no TIMESTAMP or arrival_s column"),
+                                ("one.csv", "arrival_s\n1\n", "needs at least two timestamps")]:
+        (tmp_path / name).write_text(text)
+        one_line_error(capsys, ["--trace", TRACE, "--requests", "20", "--predictor", "none", "--arrivals",
+                                str(tmp_path / name), "--out", str(tmp_path / "o")], message)
+        assert not (tmp_path / "o").exists()
+
+
+def test_leap_validate_is_the_simulate_run_it_describes(capsys):
+    """leap-validate builds its replay through the same runner as `simulate`: same figures."""
+    from simulator.trace import load_trace
+    from simulator.validate import validate_one
+    row = validate_one(load_trace("math"), load_trace("lmsys"), requests=150)
+    assert main(["--trace", "math", "--requests", "150", "--preset", "recorded", "--arrivals", "closed",
+                 "--engine", "fitted:lmsys", "--predictor", "none", "--json"]) == 0
+    [summary] = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert summary["mean_e2e_s"] == pytest.approx(row["sim_mean_e2e_s"], rel=1e-12)
+    assert summary["p95_e2e_s"] == pytest.approx(row["sim_p95_e2e_s"], rel=1e-12)

@@ -13,11 +13,35 @@ from simulator.trace import Trace
 DEFAULT_PROFILE = "qwen3-8b-h100"
 
 
+FITTED_FROM = "fitted:"   # `fitted:PATH`: fit on another trace's steps table (out of sample)
+
+
 def _fitted(trace: Trace | None) -> EngineProfile:
     if trace is None or trace.steps is None:
         name = trace.name if trace is not None else "the trace"
         raise ValueError(f"engine 'fitted' needs a steps table beside {name} (NAME.steps.parquet); it has none")
-    return FittedProfile.fit(trace.steps, source=trace.name)
+    return FittedProfile.fit(trace.steps, source=trace.name,
+                             note="in sample: fitted on the steps of the trace it replays")
+
+
+def _fitted_from(spec: str) -> EngineProfile:
+    """``fitted:PATH``: PATH is a trace (bundled name or .parquet) or its NAME.steps.parquet."""
+    from simulator.trace import load_trace
+
+    target = spec[len(FITTED_FROM):]
+    if not target:
+        raise ValueError("--engine fitted:PATH: PATH is empty")
+    if target.endswith(".steps.parquet"):
+        target = target[: -len(".steps.parquet")] + ".parquet"
+    source = load_trace(target)
+    if source.steps is None:
+        raise ValueError(f"--engine {spec}: trace {source.name!r} has no steps table")
+    return FittedProfile.fit(source.steps, source=source.name,
+                             note=f"fitted on {source.name}'s steps (out of sample unless it is the replayed trace)")
+
+
+def is_profile_name(name: str) -> bool:
+    return name in PROFILES or name.startswith(FITTED_FROM)
 
 
 PROFILES: dict[str, Callable[[Trace | None], EngineProfile]] = {
@@ -30,6 +54,8 @@ PROFILES: dict[str, Callable[[Trace | None], EngineProfile]] = {
 
 
 def make_profile(name: str, trace: Trace | None = None) -> EngineProfile:
+    if name.startswith(FITTED_FROM):
+        return _fitted_from(name)
     try:
         factory = PROFILES[name]
     except KeyError:
@@ -37,4 +63,4 @@ def make_profile(name: str, trace: Trace | None = None) -> EngineProfile:
     return factory(trace)
 
 
-__all__ = ["DEFAULT_PROFILE", "PROFILES", "EngineProfile", "make_profile"]
+__all__ = ["DEFAULT_PROFILE", "FITTED_FROM", "PROFILES", "EngineProfile", "is_profile_name", "make_profile"]

@@ -1,0 +1,16 @@
+"""Rebuild decode_context, prefill_sq, host_gap_s and rebuilt_exact in recorded steps tables.
+
+    python scripts/rebuild_steps.py traces/lmsys.parquet traces/alpaca.parquet ...   (rerunnable)
+
+The logic and its documentation live in ``simulator/steps_rebuild.py``.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from simulator.steps_rebuild import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

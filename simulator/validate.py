@@ -1,0 +1,158 @@
+"""``leap-validate``: replay recorded traces the way they ran and compare with what was measured.
+
+Every figure the project prints comes from the simulator; this is the check that the simulator
+reproduces a real engine *out of sample*: the step-time profile is fitted on a different trace's
+``steps`` table (``fitted:OTHER``), the engine settings come from the recording's own metadata
+(``--preset recorded``: caps, token budget, chunked prefill, decodes counted against the budget),
+and arrivals are replayed as recorded: a batch recording (closed loop, ``window`` requests in flight,
+the next submitted when one finishes) in closed loop; a serving recording at its own ``arrival_s``.
+
+Measured side, from the trace itself: ``e2e_s`` (submission to last token), ``ttft_s`` (submission to
+first token), PTL = e2e / output tokens, TPOT = (e2e - ttft) / (output tokens - 1). Simulated side:
+the same definitions with submission = the request's (released) arrival. Makespan: measured = the
+sum of the recording's runs' ``wall_s`` (closed loop) or last finish - first arrival (serving).
+Nothing here is tuned on the run it validates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from simulator.preset import closed_loop_window
+from simulator.profiles import FITTED_FROM
+from simulator.runner import NO_PREDICTOR, RunConfig, execute, prepare
+from simulator.trace import Trace, TraceError, load_trace
+from simulator.workload import ArrivalSpec
+
+PROG = "leap-validate"
+BATCH_TRACES = ("lmsys", "alpaca", "math", "multilingual", "sharegpt")
+DEFAULT_PROFILE_FROM = "lmsys"
+
+
+def _pct(x: np.ndarray, q: float) -> float:
+    return float(np.percentile(x, q)) if len(x) else float("nan")
+
+
+def measured(trace: Trace) -> dict[str, np.ndarray]:
+    e2e = trace.table.column("e2e_s").to_numpy(zero_copy_only=False).astype(np.float64)
+    ttft = trace.table.column("ttft_s").to_numpy(zero_copy_only=False).astype(np.float64)
+    if not (np.isfinite(e2e).all() and np.isfinite(ttft).all()):
+        raise ValueError(f"trace {trace.name!r}: e2e_s/ttft_s missing; nothing measured to validate against")
+    return {"e2e": e2e, "ttft": ttft}
+
+
+def _figures(prefix: str, e2e, ttft, out_tok, makespan) -> dict:
+    multi = out_tok > 1
+    return {f"{prefix}_mean_e2e_s": float(e2e.mean()), f"{prefix}_p50_e2e_s": _pct(e2e, 50),
+            f"{prefix}_p95_e2e_s": _pct(e2e, 95), f"{prefix}_p99_e2e_s": _pct(e2e, 99),
+            f"{prefix}_mean_ttft_s": float(ttft.mean()), f"{prefix}_p95_ttft_s": _pct(ttft, 95),
+            f"{prefix}_mean_tpot_s": float(((e2e - ttft)[multi] / (out_tok[multi] - 1)).mean()),
+            f"{prefix}_mean_ptl_s": float((e2e / out_tok).mean()), f"{prefix}_makespan_s": float(makespan)}
+
+
+def replay_config(trace: Trace, profile_from: Trace, requests: int | None = None) -> RunConfig:
+    """The ``simulate`` run that replays ``trace`` as it ran: ``--preset recorded``, FCFS,
+    ``--engine fitted:OTHER``, and ``--arrivals recorded`` (serving) or ``closed`` (batch)."""
+    if profile_from.steps is None:
+        raise ValueError(f"trace {profile_from.name!r} has no steps table to fit a profile on")
+    if (trace.metadata or {}).get("backend") != "vllm":
+        raise ValueError(f"trace {trace.name!r} is not a vLLM recording (capture-traces); nothing to replay as it ran")
+    serving = closed_loop_window(trace) is None
+    if serving and trace.arrival_s is None:
+        raise ValueError(f"trace {trace.name!r} is neither a closed-loop batch recording nor has arrival_s")
+    source = str(profile_from.path) if profile_from.path else profile_from.name
+    return RunConfig(trace=str(trace.path) if trace.path else trace.name, predictor=NO_PREDICTOR, policy="fcfs",
+                     engine=FITTED_FROM + source, load=None,
+                     arrivals=ArrivalSpec("recorded" if serving else "closed"),
+                     requests=None if requests is None else min(requests, len(trace)), preset="recorded")
+
+
+def validate_one(trace: Trace, profile_from: Trace, requests: int | None = None) -> dict:
+    """Replay ``trace`` as it ran under a profile fitted on ``profile_from``; real vs simulated."""
+    prepared = prepare(replay_config(trace, profile_from, requests))
+    wl = prepared.workload
+    window = prepared.simulation.closed_loop
+    serving = window is None
+    _, result = execute(prepared)
+    # back to the trace's row order (the simulation's rows are sorted by arrival, stably)
+    row_of = {rid: i for i, rid in enumerate(result.rows_request_id.tolist())}
+    order = np.array([row_of[rid] for rid in wl.request_id.tolist()], dtype=np.int64)
+    sim_e2e = (result.finish_s - result.arrival_s)[order]
+    sim_ttft = (result.first_token_s - result.arrival_s)[order]
+    profile = prepared.simulation.profile
+    real = measured(wl)
+    out_tok = np.asarray(wl.output_tokens, dtype=np.float64)
+    meta = trace.metadata or {}
+    runs = meta.get("runs") or []
+    if serving:
+        real_makespan = float(np.max(wl.arrival_s + real["e2e"]) - np.min(wl.arrival_s))
+    else:
+        real_makespan = float(sum(r.get("wall_s", 0.0) for r in runs)) if requests is None else float("nan")
+    serving_meta = meta.get("serving") or {}
+    row = {"run": trace.name, "policy": serving_meta.get("policy", "fcfs"),
+           "predictor": serving_meta.get("predictor", "none"), "load": serving_meta.get("load"),
+           "requests": len(wl), "replay": "recorded arrivals" if serving else f"closed loop, window {window}",
+           "profile_from": profile_from.name, "profile_runs_dropped": profile.describe()["runs_dropped"]}
+    row.update(_figures("real", real["e2e"], real["ttft"], out_tok, real_makespan))
+    row.update(_figures("sim", sim_e2e, sim_ttft, out_tok, result.makespan_s))
+    row["p95_e2e_err"] = row["sim_p95_e2e_s"] / row["real_p95_e2e_s"] - 1.0
+    row["mean_e2e_err"] = row["sim_mean_e2e_s"] / row["real_mean_e2e_s"] - 1.0
+    row["median_abs_e2e_err"] = float(np.median(np.abs(sim_e2e - real["e2e"]) / real["e2e"]))
+    return row
+
+
+def report_section(rows: list[dict]) -> str:
+    """Markdown table of validation rows, for simulator/report.py to include."""
+    lines = ["| trace | profile from | requests | real P95 e2e s | sim P95 e2e s | P95 err | mean e2e err "
+             "| median per-request err | real makespan s | sim makespan s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['run']} | {r['profile_from']} | {r['requests']} | {r['real_p95_e2e_s']:.1f} | "
+                     f"{r['sim_p95_e2e_s']:.1f} | {r['p95_e2e_err']:+.1%} | {r['mean_e2e_err']:+.1%} | "
+                     f"{r['median_abs_e2e_err']:.1%} | {r['real_makespan_s']:.0f} | {r['sim_makespan_s']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog=PROG, description="Replay recorded traces as they ran, with a step "
+                                "profile fitted on a different trace, and compare with the measurements.")
+    p.add_argument("traces", nargs="*", help=f"traces (default: {', '.join(BATCH_TRACES)})")
+    p.add_argument("--profile-from", help=f"trace whose steps the profile is fitted on (default: {DEFAULT_PROFILE_FROM}; "
+                   "for that trace itself, math)")
+    p.add_argument("--matrix", action="store_true", help="every (trace, profile-from) pair of distinct traces")
+    p.add_argument("--requests", type=int, help="replay only the first N requests")
+    p.add_argument("--json", action="store_true", help="one JSON object per run")
+    try:
+        args = p.parse_args(argv)
+        names = args.traces or list(BATCH_TRACES)
+        traces = [load_trace(n) for n in names]
+        if args.requests is not None and args.requests < 1:
+            raise ValueError("--requests must be >= 1")
+        pairs = []
+        for t in traces:
+            if args.matrix:
+                pairs += [(t, load_trace(o)) for o in BATCH_TRACES if o != t.name]
+            else:
+                src = args.profile_from or (DEFAULT_PROFILE_FROM if t.name != DEFAULT_PROFILE_FROM else "math")
+                pairs.append((t, load_trace(src)))
+        rows = []
+        for t, src in pairs:
+            rows.append(validate_one(t, src, args.requests))
+            if args.json:
+                print(json.dumps(rows[-1], sort_keys=True), flush=True)
+    except BrokenPipeError:   # a closed output pipe: simulator.entry ends quietly
+        raise
+    except (TraceError, ValueError, OSError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    if not args.json:
+        print(report_section(rows), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
