@@ -168,7 +168,6 @@ def _source_prompts(meta: dict, table, ids, tok, log) -> dict[str, list[int]]:
                                "its prompts cannot be recovered")
         from .prompts import load_prompts
 
-        log(f"re-reading prompts from {', '.join(sources)}")
         by_id = {p.request_id: p.text for p in load_prompts(list(sources))}
         for r in missing:
             if r not in by_id:
