@@ -20,7 +20,7 @@ class VLLMBackend(Backend):
 
     def __init__(self, model_dir, *, last_layers, decode_layers, decode_every, dtype="float32",
                  seed=0, max_model_len=8192, max_num_seqs=64, max_num_batched_tokens=2048,
-                 kv_space_gib=4, threads=None, window=None, executor="uni", probe_every=0,
+                 kv_space_gib=4, threads=None, window=None, executor="uni", probe_every=8,
                  engine_overrides=None, log=print):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         if executor == "uni":
