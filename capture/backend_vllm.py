@@ -291,19 +291,43 @@ class VLLMBackend(Backend):
                 if o.finished:
                     live.discard(o.request_id)
                     finish_t.append(now)
-        self.engine.collective_rpc("ct_fetch")  # drop these steps and vectors
+        steps = self.engine.collective_rpc("ct_fetch")[0]["steps"]  # not part of any trace
         saturated = n > max_resident
         k = n - max_resident + 1 if saturated else n  # completions when fewer than the cap remain
         window = finish_t[k - 1]
         return {"capacity_req_s": k / window, "saturated": saturated, "window_s": window,
                 "completions_in_window": k, "requests": n, "makespan_s": finish_t[-1],
-                "generated_tokens": gen_tokens}
+                "generated_tokens": gen_tokens, "steps": step_summary(steps)}
 
     def close(self):
         try:
             self.engine.engine_core.shutdown()
         except Exception:  # noqa: BLE001
             pass
+
+
+def step_summary(steps: list[dict]) -> dict:
+    """Decode-only steps (no prefill): step time against decoded requests (least squares
+    step_s = a + b x decode_requests + c x decode_context), and the drift probe's spread."""
+    dec = [s for s in steps if s["prefill_tokens"] == 0 and s["decode_requests"] > 0]
+    out: dict = {"steps": len(steps), "decode_only_steps": len(dec)}
+    if len(dec) >= 3:
+        n = np.array([s["decode_requests"] for s in dec], dtype=float)
+        ctx = np.array([s["decode_context"] for s in dec], dtype=float)
+        t = np.array([s["step_s"] for s in dec])
+        coef = np.linalg.lstsq(np.c_[np.ones_like(n), n, ctx], t, rcond=None)[0]
+        full = n == n.max()
+        out.update({"median_step_s_per_decoded_request": float(np.median(t / n)),
+                    "median_step_s_at_most_decodes": float(np.median(t[full])),
+                    "most_decodes": int(n.max()),
+                    "fit_s": {"intercept": float(coef[0]), "per_request": float(coef[1]),
+                              "per_context_token": float(coef[2])}})
+    probes = np.array([s["probe_s"] for s in steps if s.get("probe_s") is not None])
+    if len(probes):
+        out["probe"] = {"n": int(len(probes)), "median_s": float(np.median(probes)),
+                        "p10_s": float(np.quantile(probes, 0.1)), "p90_s": float(np.quantile(probes, 0.9)),
+                        "cv": float(probes.std() / probes.mean())}
+    return out
 
 
 def _plain(value):

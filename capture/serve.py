@@ -485,7 +485,7 @@ def serve_main(argv) -> int:
                 f"{res['generated_tokens']} tokens)")
             print(json.dumps({"capacity_req_s": capacity, "key": key, **{
                 k: res[k] for k in ("saturated", "window_s", "completions_in_window", "requests",
-                                    "makespan_s", "generated_tokens")}}))
+                                    "makespan_s", "generated_tokens", "steps")}}))
             if args.arrivals is None:
                 return 0
             if load is not None:
@@ -571,6 +571,15 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
                                      "max": float(lag.max())}
             _write_json(store.dir / f"run-{store.run:03d}.json", stats)
 
+        sched = scheduler_stats(be.engine)
+        if sched:
+            _write_sched_part(store, sched)
+        sched_table = _read_sched_parts(store)
+        if sched_table is not None:  # side tables before the trace (finalize writes it last)
+            from .store import atomic_write_table, side_path
+            atomic_write_table(sched_table, side_path(out, "sched"),
+                               {"schema_version": 1, "table": "sched", "trace": out.name,
+                                "source": "live scheduler leap_stats(), one row per entry; run = segment"})
         steps = store.read("steps")
         probes = np.array([], dtype=float)
         if steps is not None and "probe_s" in steps.column_names:
@@ -625,6 +634,33 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
         raise RuntimeError(f"the serving trace does not validate: {e}") from None
     log(f"wrote {out} ({len(reqs)} requests) in {time.time() - t_start:.0f}s")
     return 0
+
+
+def scheduler_stats(engine) -> dict | None:
+    """The live scheduler's per-step stats (``leap_stats()``: dict of equal-length lists), where
+    the engine core runs in this process (uni executor) and its scheduler has them."""
+    core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
+    fn = getattr(getattr(core, "scheduler", None), "leap_stats", None)
+    return fn() if callable(fn) else None
+
+
+def _write_sched_part(store, stats: dict) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({**{k: pa.array(v) for k, v in stats.items()},
+                      "run": pa.array([store.run] * len(next(iter(stats.values()), [])), pa.int32())})
+    tmp = store.dir / f".sched-{store.run:03d}.parquet.tmp"
+    pq.write_table(table, tmp)
+    os.replace(tmp, store.dir / f"sched-{store.run:03d}.parquet")
+
+
+def _read_sched_parts(store):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = sorted(store.dir.glob("sched-*.parquet"))
+    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive") if files else None
 
 
 def serve_table(fins, by_id, planned_of, run: int, shift: float):
