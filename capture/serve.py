@@ -528,6 +528,11 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
     from .finalize import finalize
     from .model import model_id
     from .schema import steps_table
+    if args.resume and out.exists() and not store.dir.exists():
+        from .store import read_meta
+        if read_meta(out).get("run_config") == run_config:
+            log(f"{out} is up to date ({len(reqs)} requests)")
+            return 0
     fresh = not store.exists()
     store.open(run_config, resume=args.resume)
     try:
