@@ -21,6 +21,7 @@ class Finished:
     token_times_s: list[float]  # per generated token, offset from submission
     last: dict[int, np.ndarray]  # layer -> hidden state at the last prompt token
     decode: list[tuple[int, int, np.ndarray]] = field(default_factory=list)  # (gen, layer, vec)
+    arrival_s: float | None = None  # submission offset from the start of the run
 
 
 class Backend:
@@ -28,7 +29,8 @@ class Backend:
 
     * ``on_finished(list[Finished])`` in chunks, as requests finish;
     * ``on_steps(list[dict])`` with engine-step rows (wall_start_s, step_s, prefill_requests,
-      prefill_tokens, decode_requests, decode_tokens, kv_usage).
+      prefill_tokens, decode_requests, decode_tokens, kv_usage; the vLLM backend adds
+      decode_context, prefill_sq, probe_s).
     """
 
     name = "?"

@@ -159,7 +159,7 @@ class HFBackend(Backend):
                                      token_times_s=times,
                                      last={layer: self._last[layer][i].numpy()
                                            for layer in self.last_layers},
-                                     decode=dec))
+                                     decode=dec, arrival_s=t_sub - t_run0))
                 gen_total += k
             on_steps(self._steps)
             on_finished(fins)

@@ -20,7 +20,8 @@ class VLLMBackend(Backend):
 
     def __init__(self, model_dir, *, last_layers, decode_layers, decode_every, dtype="float32",
                  seed=0, max_model_len=8192, max_num_seqs=64, max_num_batched_tokens=2048,
-                 kv_space_gib=4, threads=None, window=None, executor="uni", log=print):
+                 kv_space_gib=4, threads=None, window=None, executor="uni", probe_every=8,
+                 engine_overrides=None, log=print):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         if executor == "uni":
             # engine core and model in this process: the multiprocess layout's engine core
@@ -55,6 +56,7 @@ class VLLMBackend(Backend):
         )
         if executor == "uni":
             self.engine_args["distributed_executor_backend"] = "uni"
+        self.engine_args.update(engine_overrides or {})  # e.g. a live scheduler (capture.serve)
         self.executor = executor
         args = EngineArgs(**self.engine_args)
         if not args.enforce_eager:
@@ -63,7 +65,7 @@ class VLLMBackend(Backend):
         self.engine = LLMEngine.from_engine_args(args)
         self.startup_s = time.perf_counter() - t
         info = self.engine.collective_rpc(
-            "ct_install", args=(self.last_layers, self.decode_layers, decode_every))[0]
+            "ct_install", args=(self.last_layers, self.decode_layers, decode_every, probe_every))[0]
         self.kv_blocks = info.get("num_blocks")
         self.block_size = info.get("block_size")
         cc = self.engine.vllm_config.compilation_config
@@ -77,7 +79,7 @@ class VLLMBackend(Backend):
 
     def info(self) -> dict:
         return {"backend": "vllm", "backend_version": self.version, "eager": self.eager,
-                "engine_args": {k: v for k, v in self.engine_args.items() if k != "model"},
+                "engine_args": {k: _plain(v) for k, v in self.engine_args.items() if k != "model"},
                 "compilation_mode": self.compilation, "kv_blocks": self.kv_blocks,
                 "kv_block_size": self.block_size, "model_runner": "v1",
                 "executor": self.executor,
@@ -150,7 +152,8 @@ class VLLMBackend(Backend):
                 out.append(Finished(
                     request=st["req"], output_tokens=st["n"], finish_reason=st["finish"],
                     token_times_s=st["times"], last={k: v[k] for k in self.last_layers},
-                    decode=sorted(dec.pop(rid, []), key=lambda x: (x[1], x[0]))))
+                    decode=sorted(dec.pop(rid, []), key=lambda x: (x[1], x[0])),
+                    arrival_s=st["t0"] - t_run0))
             done = []
             on_finished(out)
 
@@ -182,11 +185,157 @@ class VLLMBackend(Backend):
         flush()
         return {"wall_s": time.perf_counter() - t_run0, "generated_tokens": gen_tokens}
 
+    def serve(self, schedule, on_finished, on_steps, flush_every_s=20.0, flush_n=32,
+              on_submit=None):
+        """Open loop: submit each request when the clock passes its planned offset.
+
+        ``schedule`` is a list of ``(planned_s, GenRequest, SamplingParams)`` sorted by
+        planned_s. A request is submitted between engine steps, at the first step boundary after
+        its planned time (as a server's engine core picks up new requests), so the actual
+        submission offset (``Finished.arrival_s``) can trail the plan by up to one step. With
+        nothing in the engine the loop sleeps until the next arrival (never spins). Token times
+        are offsets from the request's own submission. Returns the run's wall time, generated
+        tokens and the submission lag.
+        """
+        ids: dict[str, str] = {}
+        live: dict[str, dict] = {}
+        done: list[dict] = []
+        pending = deque(schedule)
+        t0 = time.perf_counter()
+        self.engine.collective_rpc("ct_reset_clock")
+        t0 = time.perf_counter()
+        gen_tokens = 0
+        lags: list[float] = []
+        last_flush = t0
+        total, n_done = len(schedule), 0
+
+        def flush():
+            nonlocal done
+            got = self.engine.collective_rpc("ct_fetch")[0]
+            if got["steps"]:
+                on_steps(got["steps"])
+            if not done:
+                return
+            out = [Finished(request=st["req"], output_tokens=st["n"], finish_reason=st["finish"],
+                            token_times_s=st["times"], last={}, arrival_s=st["t0"] - t0)
+                   for st in done]
+            for st in done:
+                ids.pop(st["internal"], None)
+            done = []
+            on_finished(out)
+
+        while pending or live:
+            now = time.perf_counter()
+            while pending and pending[0][0] <= now - t0:
+                planned, req, params = pending.popleft()
+                t = time.perf_counter()
+                internal = self.engine.add_request(
+                    req.request_id, {"prompt_token_ids": req.prompt_token_ids}, params)
+                ids[internal if isinstance(internal, str) else req.request_id] = req.request_id
+                live[req.request_id] = {"req": req, "t0": t, "times": [], "n": 0,
+                                        "internal": internal}
+                lags.append(t - t0 - planned)
+                if on_submit is not None:
+                    on_submit(req.request_id, planned, t - t0)
+            if not live:
+                if pending:
+                    time.sleep(max(0.0, pending[0][0] - (time.perf_counter() - t0)))
+                continue
+            outs = self.engine.step()
+            now = time.perf_counter()
+            for o in outs:
+                st = live.get(o.request_id)
+                if st is None:
+                    continue
+                c = o.outputs[0]
+                k = len(c.token_ids)
+                if k:
+                    st["times"].extend([now - st["t0"]] * k)
+                    st["n"] += k
+                    gen_tokens += k
+                if o.finished:
+                    st["finish"] = "length" if c.finish_reason == "length" else "stop"
+                    done.append(live.pop(o.request_id))
+                    n_done += 1
+            if done and (len(done) >= flush_n or now - last_flush > flush_every_s):
+                flush()
+                last_flush = now
+                self.log(f"  {n_done}/{total} done, {len(live)} in the engine, "
+                         f"{len(pending)} to arrive, t={now - t0:.0f}s")
+        flush()
+        return {"wall_s": time.perf_counter() - t0, "generated_tokens": gen_tokens,
+                "submit_lag_s": lags}
+
+    def saturated_capacity(self, requests, params_for, max_resident):
+        """Live saturated capacity: every request queued at t = 0; completions per second over
+        the saturated window, which ends when fewer than ``max_resident`` requests remain
+        unfinished (the drain tail, where the engine runs below its cap, is excluded). With no
+        more requests than the cap the engine never saturates and the whole makespan counts
+        (``saturated: false``)."""
+        t0 = time.perf_counter()
+        live = set()
+        for req in requests:
+            self.engine.add_request(req.request_id, {"prompt_token_ids": req.prompt_token_ids},
+                                    params_for(req))
+            live.add(req.request_id)
+        n = len(requests)
+        finish_t: list[float] = []
+        gen_tokens = 0
+        while live:
+            outs = self.engine.step()
+            now = time.perf_counter() - t0
+            for o in outs:
+                if o.request_id not in live:
+                    continue
+                gen_tokens += len(o.outputs[0].token_ids)
+                if o.finished:
+                    live.discard(o.request_id)
+                    finish_t.append(now)
+        steps = self.engine.collective_rpc("ct_fetch")[0]["steps"]  # not part of any trace
+        saturated = n > max_resident
+        k = n - max_resident + 1 if saturated else n  # completions when fewer than the cap remain
+        window = finish_t[k - 1]
+        return {"capacity_req_s": k / window, "saturated": saturated, "window_s": window,
+                "completions_in_window": k, "requests": n, "makespan_s": finish_t[-1],
+                "generated_tokens": gen_tokens, "steps": step_summary(steps)}
+
     def close(self):
         try:
             self.engine.engine_core.shutdown()
         except Exception:  # noqa: BLE001
             pass
+
+
+def step_summary(steps: list[dict]) -> dict:
+    """Decode-only steps (no prefill): step time against decoded requests (least squares
+    step_s = a + b x decode_requests + c x decode_context), and the drift probe's spread."""
+    dec = [s for s in steps if s["prefill_tokens"] == 0 and s["decode_requests"] > 0]
+    out: dict = {"steps": len(steps), "decode_only_steps": len(dec)}
+    if len(dec) >= 3:
+        n = np.array([s["decode_requests"] for s in dec], dtype=float)
+        ctx = np.array([s["decode_context"] for s in dec], dtype=float)
+        t = np.array([s["step_s"] for s in dec])
+        coef = np.linalg.lstsq(np.c_[np.ones_like(n), n, ctx], t, rcond=None)[0]
+        full = n == n.max()
+        out.update({"median_step_s_per_decoded_request": float(np.median(t / n)),
+                    "median_step_s_at_most_decodes": float(np.median(t[full])),
+                    "most_decodes": int(n.max()),
+                    "fit_s": {"intercept": float(coef[0]), "per_request": float(coef[1]),
+                              "per_context_token": float(coef[2])}})
+    probes = np.array([s["probe_s"] for s in steps if s.get("probe_s") is not None])
+    if len(probes):
+        out["probe"] = {"n": int(len(probes)), "median_s": float(np.median(probes)),
+                        "p10_s": float(np.quantile(probes, 0.1)), "p90_s": float(np.quantile(probes, 0.9)),
+                        "cv": float(probes.std() / probes.mean())}
+    return out
+
+
+def _plain(value):
+    """JSON-safe engine argument (a class given as scheduler_cls -> its dotted name)."""
+    if value is None or isinstance(value, (str, int, float, bool, list, dict)):
+        return value
+    name = getattr(value, "__qualname__", None)
+    return f"{value.__module__}.{name}" if name else repr(value)
 
 
 def parse_cpu_list(text: str) -> list[int]:

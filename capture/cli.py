@@ -6,6 +6,7 @@
     capture-traces repack FILE.parquet...         # rewrite with the current (smaller) encodings
     capture-traces merge OUT.parquet A.parquet B.parquet...   # shards (same settings) -> one trace
     capture-traces signal --train traces/lmsys.parquet traces/*.parquet   # ridge + Spearman
+    capture-traces serve --from traces/lmsys.parquet --arrivals poisson --load 0.8x --out traces/live/X.parquet
 
 Errors in the input (missing model, bad layer, unreadable prompts, bad flag, ...) print one line
 on stderr and exit with code 2, before anything is written.
@@ -122,6 +123,9 @@ def main(argv=None) -> int:
         if argv[:1] == ["merge"]:
             from .merge import merge_main
             return merge_main(argv[1:])
+        if argv[:1] == ["serve"]:
+            from .serve import serve_main
+            return serve_main(argv[1:])
         if argv[:1] == ["signal"]:
             from .report import signal_main
             return signal_main(argv[1:])
@@ -382,8 +386,9 @@ def record(args) -> int:
             "host": _host(),
             "timing": ("closed loop: requests are submitted to the engine as earlier ones finish, "
                        "keeping about max_num_seqs (+1/8) in flight; ttft_s, e2e_s and token_times_s "
-                       "are seconds from a request's submission; arrival_s is null (no arrival "
-                       "process); all timings are on the recording host (`host`), in eager mode"),
+                       "are seconds from a request's submission; arrival_s is its submission "
+                       "offset from the start of its run (metadata.runs; no arrival process); all "
+                       "timings are on the recording host (`host`), in eager mode"),
             "decode_every_k": args.decode_every,
             "decode_layers": run_config["decode_layers"],
             "run_config": run_config,

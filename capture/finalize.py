@@ -113,7 +113,7 @@ def finalize(store, prompts, meta: dict, backend_info: dict | None, hidden: int,
         steps = steps.append_column("step_index", pa.array(np.arange(steps.num_rows, dtype=np.int64)))
         first = ["step_index", "wall_start_s", "step_s", "prefill_requests", "prefill_tokens",
                  "decode_requests", "decode_tokens", "kv_usage", "run", "run_step"]
-        steps = steps.select(first)
+        steps = steps.select(first + [c for c in steps.column_names if c not in first])
 
     runs = []
     for f in sorted(store.dir.glob("run-*.json")):

@@ -67,8 +67,11 @@ def _concat(tables, what):
     present = [t for t in tables if t is not None]
     if not present:
         return None
+    # steps tables gain columns as the recorder does (decode_context, prefill_sq, probe_s): an
+    # older shard's rows get nulls there; other tables must match exactly
+    promote = {"promote_options": "permissive"} if what == "steps" else {}
     try:
-        return pa.concat_tables([t.replace_schema_metadata(None) for t in present])
+        return pa.concat_tables([t.replace_schema_metadata(None) for t in present], **promote)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
         raise CaptureError(f"merge: the inputs' {what} tables differ in schema ({e})") from None
 

@@ -47,7 +47,7 @@ def gen_table(fins, by_id, ref_len, max_tokens, names, layers, hidden, keep_text
         rows["output_tokens"].append(int(f.output_tokens))
         rows["finish_reason"].append(f.finish_reason)
         rows["max_tokens"].append(int(max_tokens))
-        rows["arrival_s"].append(None)
+        rows["arrival_s"].append(f.arrival_s)
         tt = [float(x) for x in f.token_times_s]
         rows["ttft_s"].append(tt[0] if tt else None)
         rows["e2e_s"].append(tt[-1] if tt else None)
@@ -96,18 +96,24 @@ def dec_table(fins, hidden) -> pa.Table:
 
 
 STEP_COLS = ["run", "run_step", "wall_start_s", "step_s", "prefill_requests", "prefill_tokens",
-             "decode_requests", "decode_tokens", "kv_usage"]
+             "decode_requests", "decode_tokens", "kv_usage", "decode_context", "prefill_sq",
+             "probe_s"]
+# decode_context: sum over decoded requests of prompt + generated so far (the keys each attends);
+# prefill_sq: sum over prefill chunks of chunk x (computed before + chunk), causal-attention work;
+# probe_s: the drift probe's time after this step (null where not measured). All three are null
+# in steps recorded before they existed.
 
 
 def steps_table(rows) -> pa.Table:
     types = {"run": pa.int32(), "run_step": pa.int32(), "wall_start_s": pa.float64(),
              "step_s": pa.float64(), "prefill_requests": pa.int32(), "prefill_tokens": pa.int32(),
              "decode_requests": pa.int32(), "decode_tokens": pa.int32(),
-             "kv_usage": pa.float64()}
+             "kv_usage": pa.float64(), "decode_context": pa.int64(), "prefill_sq": pa.int64(),
+             "probe_s": pa.float64()}
     out = {}
     for c in STEP_COLS:
         vals = [r.get(c) for r in rows]
-        if c == "kv_usage":
+        if c in ("kv_usage", "probe_s"):
             vals = [None if (v is None or v != v) else float(v) for v in vals]
         out[c] = pa.array(vals, types[c])
     return pa.table(out)

@@ -24,9 +24,21 @@ import numpy as np
 import torch
 
 
+PROBE_N = 192
+PROBE_REPS = 2
+
+
+def run_probe(a: torch.Tensor) -> float:
+    """Seconds for ``PROBE_REPS`` fixed matmuls (~1 ms on one core of the recording box)."""
+    t = time.perf_counter()
+    for _ in range(PROBE_REPS):
+        torch.mm(a, a)
+    return time.perf_counter() - t
+
+
 class CaptureExt:
     # ------------------------------------------------------------------ setup
-    def ct_install(self, last_layers, decode_layers, decode_every):
+    def ct_install(self, last_layers, decode_layers, decode_every, probe_every=0):
         r = self.model_runner
         layers = r.model.get_submodule("model.layers")
         self._ct_num_layers = len(layers)
@@ -45,8 +57,12 @@ class CaptureExt:
             self._ct_num_blocks = int(self.cache_config.num_gpu_blocks or 0)
         except Exception:  # noqa: BLE001
             self._ct_block_size, self._ct_num_blocks = 0, 0
+        self._ct_probe_every = int(probe_every or 0)
+        self._ct_probe_in = torch.full((PROBE_N, PROBE_N), 0.5, dtype=torch.float32)
+        self._ct_nsteps = 0
         self._ct_handles = []
-        for k in sorted(set(self._ct_last_layers) | set(self._ct_dec_layers)):
+        hooked = sorted(set(self._ct_last_layers) | set(self._ct_dec_layers))
+        for k in hooked or [0]:  # no capture layers (serving runs): layer 0 for the step rows only
             self._ct_handles.append(layers[k].register_forward_hook(self._ct_make_hook(k)))
         # Step timer: wrap execute_model (and sample_tokens when the runner splits them).
         self._ct_t0 = time.perf_counter()
@@ -86,12 +102,24 @@ class CaptureExt:
         t_end = time.perf_counter()
         info["wall_start_s"] = t_start - self._ct_t0
         info["step_s"] = t_end - t_start
+        info["probe_s"] = None
+        if self._ct_probe_every and self._ct_nsteps % self._ct_probe_every == 0:
+            info["probe_s"] = run_probe(self._ct_probe_in)
+        self._ct_nsteps += 1
         self._ct_steps.append(info)
+
+    def ct_reset_clock(self):
+        """Make ``wall_start_s`` count from now (a serving run's start); drops buffered steps."""
+        self._ct_t0 = time.perf_counter()
+        self._ct_steps = []
+        return self._ct_t0
 
     # ------------------------------------------------------------------ hook
     def _ct_make_hook(self, layer):
         is_last = layer in self._ct_last
         is_dec = layer in self._ct_dec_layers and self._ct_every > 0
+        hook_layers = sorted(set(self._ct_last_layers) | set(self._ct_dec_layers)) or [0]
+        is_first = layer == hook_layers[0]
 
         def hook(mod, args, out):
             if not self._ct_capture:
@@ -111,8 +139,10 @@ class CaptureExt:
             qlen = np.diff(qsl)
             nprompt = np.asarray(ib.num_prompt_tokens[:n], dtype=np.int64)
             ncomp = np.asarray(ib.num_computed_tokens_cpu[:n], dtype=np.int64)
-            if self._ct_stepinfo is None:
+            if self._ct_stepinfo is None and is_first:
                 pre = ncomp < nprompt
+                dec_rows = ~pre & (qlen > 0)
+                pre_len = np.where(pre, qlen, 0)
                 bs = self._ct_block_size
                 kv = float("nan")
                 if bs and self._ct_num_blocks:
@@ -123,6 +153,8 @@ class CaptureExt:
                     "decode_requests": int(np.sum(~pre & (qlen > 0))),
                     "decode_tokens": int(np.sum(np.where(~pre, qlen, 0))),
                     "kv_usage": kv,
+                    "decode_context": int(np.sum(np.where(dec_rows, ncomp + qlen, 0))),
+                    "prefill_sq": int(np.sum(pre_len * (ncomp + pre_len))),
                 }
             hs, res = out if isinstance(out, tuple) else (out, None)
             rows_parts, tags = [], []
@@ -180,3 +212,7 @@ class CaptureExt:
 
     def ct_info(self):
         return {"calls": self._ct_calls, "threads": torch.get_num_threads()}
+
+    def ct_probe(self, reps):
+        """``reps`` probe timings now (the serving command's quiet-machine reference)."""
+        return [run_probe(self._ct_probe_in) for _ in range(int(reps))]

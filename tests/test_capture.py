@@ -292,6 +292,7 @@ def test_transformers_backend_matches_hf_and_resumes(tmp_path):
     assert "model_path" not in meta and str(MODEL) not in json.dumps(meta)
     assert os.uname().nodename + ";" not in meta["host"] and meta["model_revision"]
     assert meta["prompt_sources"] == [f"jsonl:{pf.name}@sha256:{__import__('hashlib').sha256(pf.read_bytes()).hexdigest()[:12]}"]
+    assert t.column("arrival_s").null_count == 0  # each batch's submission offset
     dec = pq.read_table(out.with_name("hf.decode.parquet"))
     assert set(dec.column("request_id").to_pylist()) <= set(ids)
     assert set(dec.column("generated_tokens").to_pylist()) <= {4, 8}
@@ -337,6 +338,15 @@ def test_vllm_backend_matches_hf_and_resumes(tmp_path):
     assert set(dec.column("generated_tokens").to_pylist()) <= {16, 32}
     tt = t.column("token_times_s").to_pylist()
     assert all(len(x) == n for x, n in zip(tt, t.column("output_tokens").to_pylist()))
+    # submission offsets from the run start (closed loop: the first max_num_seqs + 4 at once)
+    arrival = t.column("arrival_s").to_pylist()
+    assert None not in arrival and min(arrival) >= 0
+    # per-step work terms and the drift probe (every 8th step in recordings)
+    s = steps.to_pydict()
+    assert all(c >= 0 for c in s["decode_context"])
+    assert all(sq >= p for sq, p in zip(s["prefill_sq"], s["prefill_tokens"]))
+    assert all((c > 0) == (d > 0) for c, d in zip(s["decode_context"], s["decode_tokens"]))
+    assert sum(p is not None for p in s["probe_s"]) >= steps.num_rows // 8 - 2
     _validate(out)
 
 

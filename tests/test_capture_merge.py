@@ -32,14 +32,17 @@ def _side(path: Path, name: str):
     return t, json.loads(t.schema.metadata[META_KEY])
 
 
-def _write_shard(out: Path, rows: slice, meta_changes=None):
-    """A shard trace holding ``rows`` of the source, its decode rows, and the source's steps."""
+def _write_shard(out: Path, rows: slice, meta_changes=None, steps_columns=None):
+    """A shard trace holding ``rows`` of the source, its decode rows, and the source's steps
+    (plus ``steps_columns``, as a newer recorder writes them)."""
     meta = read_meta(SOURCE)
     main_t = pq.read_table(SOURCE).slice(rows.start, rows.stop - rows.start)
     ids = main_t.column("request_id")
     dec, dec_meta = _side(SOURCE, "decode")
     dec = dec.filter(pc.is_in(dec.column("request_id"), value_set=ids))
     steps, steps_meta = _side(SOURCE, "steps")
+    for name, arr in (steps_columns or {}).items():
+        steps = steps.append_column(name, arr(steps.num_rows))
     meta = {**meta, "num_requests": main_t.num_rows, "complete": True, "planned_requests": main_t.num_rows,
             "side_tables": {"decode": side_path(out, "decode").name, "steps": side_path(out, "steps").name},
             **(meta_changes or {})}
@@ -111,3 +114,17 @@ def test_merge_bad_input_exits_2(tmp_path, capsys, case):
     assert len(err) == 1 and err[0].startswith("capture-traces: error:"), err
     assert (out.is_dir() if case == "out_is_folder" else not out.exists())
     assert not side_path(out, "decode").exists() and not side_path(out, "steps").exists()
+
+
+def test_merge_keeps_newer_step_columns(tmp_path):
+    """A shard from before decode_context/probe_s merges with one that has them (nulls there)."""
+    a, b, out = tmp_path / "t-a.parquet", tmp_path / "t-b.parquet", tmp_path / "t.parquet"
+    _write_shard(a, slice(0, 300))
+    _write_shard(b, slice(300, read_meta(SOURCE)["num_requests"]), steps_columns={
+        "decode_context": lambda n: pa.array(np.arange(n), pa.int64()),
+        "probe_s": lambda n: pa.array([0.001] * n, pa.float64())})
+    assert main(["merge", str(out), str(a), str(b)]) == 0
+    steps = _side(out, "steps")[0]
+    n_a = _side(a, "steps")[0].num_rows
+    ctx = steps.column("decode_context").to_pylist()
+    assert ctx[:n_a] == [None] * n_a and ctx[n_a:] == list(range(steps.num_rows - n_a))

