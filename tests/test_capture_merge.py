@@ -41,6 +41,10 @@ def _write_shard(out: Path, rows: slice, meta_changes=None, steps_columns=None):
     dec, dec_meta = _side(SOURCE, "decode")
     dec = dec.filter(pc.is_in(dec.column("request_id"), value_set=ids))
     steps, steps_meta = _side(SOURCE, "steps")
+    # the shard as an older recorder wrote it (the columns rebuilt since are dropped), plus
+    # ``steps_columns`` as a newer one writes them
+    newer = ("decode_context", "prefill_sq", "host_gap_s", "rebuilt_exact", "probe_s")
+    steps = steps.select([c for c in steps.column_names if c not in newer])
     for name, arr in (steps_columns or {}).items():
         steps = steps.append_column(name, arr(steps.num_rows))
     meta = {**meta, "num_requests": main_t.num_rows, "complete": True, "planned_requests": main_t.num_rows,
