@@ -88,6 +88,7 @@ class LeapRLSLive(LeapLive):
         self._buf_z: list[np.ndarray] = []
         self._buf_y: list[float] = []
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._submitted = 0
         self.update_cpu_s: list[float] = []          # thread CPU time per update
         self.update_rows: list[int] = []
         self.rescore_s: list[float] = []
@@ -104,6 +105,7 @@ class LeapRLSLive(LeapLive):
         self._buf_y.append(float(output_tokens))
         if len(self._buf_z) >= self.update_every:
             self._queue.put((np.stack(self._buf_z), np.asarray(self._buf_y)))
+            self._submitted += 1
             self._buf_z, self._buf_y = [], []
 
     def _work(self) -> None:
@@ -137,13 +139,10 @@ class LeapRLSLive(LeapLive):
     def wait_idle(self, timeout_s: float = 30.0) -> None:
         """Block until every queued update is published (tests, end of a run)."""
         deadline = time.monotonic() + timeout_s
-        while not self._queue.empty() or len(self.update_cpu_s) < self._queued():
+        while self._published[0] < self._submitted:
             if time.monotonic() > deadline:
                 raise TimeoutError("RLS updates did not finish")
             time.sleep(0.01)
-
-    def _queued(self) -> int:
-        return self._published[0] + self._queue.qsize()
 
     def stats(self) -> dict:
         out = super().stats()

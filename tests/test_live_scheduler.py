@@ -156,8 +156,7 @@ def _run_live(cfg: LiveSchedulerConfig, lengths, prompts):
             for out in engine.step():
                 if out.finished:
                     finished.append((out.request_id, len(out.outputs[0].token_ids)))
-        mid = {rid: (st.first_predicted, st.feature) for rid, st in sched._leap_req.items()}
-        return finished, sched.leap_stats(), sched.leap_requests(), sched.leap_predictor_stats(), sched, mid
+        return finished, sched.leap_stats(), sched.leap_requests(), sched.leap_predictor_stats(), sched
     finally:
         engine.engine_core.shutdown()
 
@@ -180,7 +179,7 @@ def _check_slots(stats: dict, decode_slots: int) -> None:
 @pytest.mark.capture
 def test_countdown_oracle_follows_the_simulator_exactly():
     cfg = LiveSchedulerConfig(policy="countdown", predictor="oracle", max_resident=8, decode_slots=2, wait_cap=3)
-    finished, stats, reqs, _, _, _ = _run_live(cfg, LENGTHS, PROMPTS)
+    finished, stats, reqs, _, _ = _run_live(cfg, LENGTHS, PROMPTS)
     assert sorted(n for _, n in finished) == sorted(LENGTHS)               # forced lengths honoured
     assert all(n == LENGTHS[int(rid[1:])] for rid, n in finished)
     live_steps = _finish_steps(reqs, len(LENGTHS))
@@ -195,7 +194,7 @@ def test_countdown_oracle_follows_the_simulator_exactly():
 @pytest.mark.capture
 def test_fcfs_finishes_in_submission_order():
     cfg = LiveSchedulerConfig(policy="fcfs", predictor="none", max_resident=8, decode_slots=1, wait_cap=0)
-    finished, stats, reqs, _, _, _ = _run_live(cfg, LENGTHS, PROMPTS)
+    finished, stats, reqs, _, _ = _run_live(cfg, LENGTHS, PROMPTS)
     assert [rid for rid, _ in finished] == [f"r{i}" for i in range(len(LENGTHS))]
     want = simulated_finish_steps("fcfs", LENGTHS, PROMPTS, max_resident=8, decode_slots=1, wait_cap=0)
     assert _finish_steps(reqs, len(LENGTHS)) == want
@@ -209,7 +208,7 @@ def test_leap_rls_predicts_from_the_hook_and_updates(readout_path):
 
     cfg = LiveSchedulerConfig(policy="aging", predictor="leap-rls", max_resident=8, decode_slots=2, wait_cap=8,
                               readout=str(readout_path), update_every=2)
-    finished, stats, reqs, pstats, sched, _ = _run_live(cfg, LENGTHS, PROMPTS)
+    finished, stats, reqs, pstats, sched = _run_live(cfg, LENGTHS, PROMPTS)
     assert len(finished) == len(LENGTHS)
     _check_slots(stats, 2)
     readout = load_readout(readout_path).readout
