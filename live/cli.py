@@ -26,13 +26,16 @@ def _parser() -> argparse.ArgumentParser:
     ap = _OneLineParser(prog="python -m live.cli", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="model folder (config.json)")
     ap.add_argument("--policy", default="countdown", help=f"one of {', '.join(LIVE_POLICIES)}")
-    ap.add_argument("--predictor", default="leap-rls", help="none, oracle, leap, leap-rls")
+    ap.add_argument("--predictor", default="leap-rls", help="none, oracle, ssjf, leap, leap-rls")
     ap.add_argument("--max-resident", type=int, default=64)
     ap.add_argument("--decode-slots", type=int, default=16)
     ap.add_argument("--wait-cap", type=int, default=128)
     ap.add_argument("--readout", default=None, help="read-out file (python -m live.readout)")
     ap.add_argument("--layer", type=int, default=None, help="must equal the read-out's layer when given")
     ap.add_argument("--update-every", type=int, default=8)
+    ap.add_argument("--head-weights", default=None, help="ssjf head weights (default: the shipped file)")
+    ap.add_argument("--fcfs-admission", action="store_true",
+                    help="admit FCFS even with an arrival-stage predictor (oracle, ssjf)")
     ap.add_argument("--kv-cache-gib", type=float, required=True, help="KV cache space (VLLM_CPU_KVCACHE_SPACE)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--block-size", type=int, default=128)
@@ -48,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = LiveSchedulerConfig(policy=args.policy, predictor=args.predictor, max_resident=args.max_resident,
                                   decode_slots=args.decode_slots, wait_cap=args.wait_cap, readout=args.readout,
-                                  layer=args.layer, update_every=args.update_every)
+                                  layer=args.layer, update_every=args.update_every,
+                                  head_weights=args.head_weights, ordered_admission=not args.fcfs_admission)
         facts = cfg.check_model(args.model, kv_cache_gib=args.kv_cache_gib, dtype=args.dtype,
                                 block_size=args.block_size)
     except LiveConfigError as e:

@@ -9,7 +9,8 @@ that vLLM hashes and passes to every component. Nothing in vLLM is forked or pat
 Everything vLLM could not honour is refused here, before an engine starts
 (:class:`LiveConfigError`, one line): decode slots above the resident cap, a policy or predictor
 the live path does not have, a predictor needing features the hook does not capture, a read-out
-for another model's hidden size or layer count, a resident cap above the KV capacity.
+for another model's hidden size or layer count, a resident cap above the KV capacity, the
+text-encoder baseline without its encoder package or head weights.
 """
 
 from __future__ import annotations
@@ -26,16 +27,20 @@ WORKER_EXTENSION_CLS = "live.worker_ext.LiveExt"
 #: Policies the live scheduler applies (the project's own classes, policies/).
 LIVE_POLICIES = ("fcfs", "countdown", "aging")
 #: Predictors available live, and whether each needs the worker hook (the serving model's state).
-LIVE_PREDICTORS = {"none": False, "oracle": False, "leap": True, "leap-rls": True}
+LIVE_PREDICTORS = {"none": False, "oracle": False, "leap": True, "leap-rls": True, "ssjf": False}
+#: Live predictors that score a request at arrival (before prefill): they may order admission.
+ARRIVAL_PREDICTORS = ("oracle", "ssjf")
 #: Simulator predictors that cannot run live here, and why (named in the refusal).
 NOT_LIVE = {
     "egtp": "entropy-pooled prompt states over the full vocabulary",
     "trail": "decode-time layer-10 states and a text-encoder prior",
-    "tie": "a text-encoder embedding of the prompt text",
-    "ssjf": "a text-encoder embedding of the prompt text",
-    "ltr": "a text-encoder embedding of the prompt text",
+    "tie": "a text-encoder embedding scored by quadrature (the live text-encoder baseline is ssjf)",
+    "ltr": "a text-encoder embedding ranked by score (the live text-encoder baseline is ssjf)",
     "noisy-oracle": "a noise source (only the exact oracle runs live)",
 }
+#: ``SamplingParams.extra_args`` key carrying the raw user prompt (no chat template) to the
+#: text-encoder baseline: vLLM hands the scheduler token ids only.
+PROMPT_TEXT_KEY = "leap_prompt_text"
 #: The one feature the live hook captures: the tapped layer's state at the last prompt token.
 HOOK_FEATURE = "feat_last"
 #: vLLM's KV block size on CPU (``CpuPlatform``); on GPU pass the engine's own.
@@ -54,8 +59,12 @@ class LiveSchedulerConfig:
     ``max_resident`` becomes vLLM's ``max_num_seqs`` (requests holding KV); at most ``decode_slots``
     of the residents that are past prefill decode in a step, chosen by ``policy`` after the wait cap
     (``wait_cap`` steps without a decode force a request in; 0 = off), exactly as the simulator's
-    engine does. Admission is FCFS (vLLM's waiting queue): hidden-state predictors have no estimate
-    before prefill. ``readout`` is a file from ``python -m live.readout`` (leap, leap-rls).
+    engine does. Admission: with an arrival-stage predictor (oracle, ssjf) and a policy that uses
+    predictions, new requests enter in the policy's admission-key order (the simulator's
+    ``ordered_admission``; ``ordered_admission=False`` keeps vLLM's FCFS); hidden-state predictors
+    have no estimate before prefill, so they admit FCFS. ``readout`` is a file from
+    ``python -m live.readout`` (leap, leap-rls); ``head_weights`` an ssjf weight file (default:
+    the shipped ``predictors/weights/ssjf.npz``, the simulator's own).
     """
 
     policy: str = "countdown"
@@ -66,6 +75,8 @@ class LiveSchedulerConfig:
     readout: str | None = None
     layer: int | None = None
     update_every: int = 8
+    head_weights: str | None = None
+    ordered_admission: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in LIVE_POLICIES:
@@ -86,7 +97,7 @@ class LiveSchedulerConfig:
             raise LiveConfigError(f"decode-slots ({self.decode_slots}) cannot exceed max-resident "
                                   f"({self.max_resident}): only resident requests decode")
         if self.policy != "fcfs" and self.predictor == "none":
-            raise LiveConfigError(f"policy {self.policy!r} needs a predictor (oracle, leap or leap-rls)")
+            raise LiveConfigError(f"policy {self.policy!r} needs a predictor (oracle, ssjf, leap or leap-rls)")
         if self.layer is not None and (isinstance(self.layer, bool) or not isinstance(self.layer, int)
                                        or self.layer < 0):
             raise LiveConfigError(f"layer must be an integer >= 0, got {self.layer!r}")
@@ -100,6 +111,13 @@ class LiveSchedulerConfig:
                                       f"not layer {self.layer}")
         elif self.readout is not None:
             raise LiveConfigError(f"predictor {self.predictor!r} uses no read-out; drop readout=")
+        if not isinstance(self.ordered_admission, bool):
+            raise LiveConfigError(f"ordered-admission must be true or false, got {self.ordered_admission!r}")
+        if self.predictor == "ssjf":
+            self.text_encoder_dir()             # installed
+            self.head_artifact()                # readable ssjf weights
+        elif self.head_weights is not None:
+            raise LiveConfigError(f"predictor {self.predictor!r} uses no head weights; drop head_weights=")
 
     # ------------------------------------------------------------------ derived
     @property
@@ -115,6 +133,49 @@ class LiveSchedulerConfig:
         from live.readout import load_readout
 
         return load_readout(self.readout)
+
+    @property
+    def orders_admission(self) -> bool:
+        """True when new requests are admitted in the policy's admission-key order."""
+        from policies import make_policy
+
+        return (self.ordered_admission and self.predictor in ARRIVAL_PREDICTORS
+                and make_policy(self.policy).uses_predictions)
+
+    def head_weights_path(self) -> Path:
+        from predictors.heads import shipped_path
+
+        return Path(self.head_weights) if self.head_weights else shipped_path(self.predictor)
+
+    def head_artifact(self):
+        """The baseline's trained head (``predictors.heads.Artifact``), refused unless it is one of ours."""
+        from predictors.heads import load_artifact
+
+        path = self.head_weights_path()
+        if not path.is_file():
+            raise LiveConfigError(f"{self.predictor} head weights {path}: no such file (train them with "
+                                  "scripts/train_baselines.py, or pass head_weights=)")
+        art = load_artifact(path, "shipped" if self.head_weights is None else "file")
+        if art is None:
+            raise LiveConfigError(f"{self.predictor} head weights {path}: not a readable weight file")
+        if art.method != self.predictor:
+            raise LiveConfigError(f"head weights {path} are for {art.method!r}, not {self.predictor!r}")
+        if art.settings.get("column", "text_embedding") != "text_embedding":
+            raise LiveConfigError(f"head weights {path} were trained on {art.settings.get('column')!r}; "
+                                  "live, the text encoder gives text_embedding only")
+        return art
+
+    @staticmethod
+    def text_encoder_dir() -> Path:
+        from capture.features import ENCODER_PACKAGE, encoder_dir
+
+        try:
+            d = encoder_dir()
+        except Exception as e:                  # CaptureError: not installed
+            raise LiveConfigError(f"the live text encoder needs the package {ENCODER_PACKAGE}: {e}") from None
+        if not (d / "config.json").is_file():
+            raise LiveConfigError(f"the live text encoder's model files are missing at {d}")
+        return d
 
     # ------------------------------------------------------------------ vLLM
     def to_engine_args(self) -> dict:

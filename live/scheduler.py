@@ -12,15 +12,22 @@ Each step, before vLLM's own ``schedule()`` walks ``self.running``:
    reordered chosen-first (policy order), prefill chunks next, the rest last, so vLLM's token
    budget serves the chosen ones first and a KV preemption takes the newest unchosen request.
 
-Admission stays vLLM's FCFS waiting queue up to ``max_num_seqs`` = the resident cap (hidden-state
-predictors have no estimate before prefill). Timing per step (``leap_stats()``): ``order_s`` =
+Admission is vLLM's waiting queue up to ``max_num_seqs`` = the resident cap. With an arrival-stage
+predictor (oracle, ssjf) and a policy that uses predictions (the simulator's ``ordered_admission``),
+step 0 also re-orders the never-admitted requests in vLLM's FCFS deque by the policy's
+``admission_keys`` (stable, arrival order breaks ties), behind any preempted request vLLM put back
+at the front; vLLM then admits from the front as usual. (vLLM's own ``priority`` policy is not
+used: its integer priority is fixed at submission, before an asynchronous score exists, and it
+also changes which running request a KV shortage preempts.) Hidden-state predictors have no
+estimate before prefill and admit FCFS. Timing per step (``leap_stats()``): ``order_s`` =
 steps 1-3 (policy ordering, re-scoring, hand-off), ``predict_s`` = the hook's read-out in that
-step's forward, ``step_s`` = schedule() start to update_from_output() end.
+step's forward (``order_s`` includes taking in text-encoder scores and ordering admission), ``step_s`` = schedule() start to update_from_output() end.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,6 +50,7 @@ class _ReqState:
     last_served: int = -1
     feature: np.ndarray | None = None      # standardised hook vector (leap-rls)
     predicted_at_step: int = -1
+    scored: bool = False                   # arrival-stage score in (async predictors)
 
 
 @dataclass
@@ -55,6 +63,7 @@ class _Stats:
     decoded: list = field(default_factory=list)      # of those, actually scheduled by vLLM
     forced: list = field(default_factory=list)
     admitted: list = field(default_factory=list)
+    unscored_admitted: list = field(default_factory=list)   # arrival predictor: admitted on the prior
     order_s: list = field(default_factory=list)
     predict_s: list = field(default_factory=list)
     step_s: list = field(default_factory=list)
@@ -78,6 +87,7 @@ class LeapScheduler(Scheduler):
         self.leap_policy = make_policy(cfg.policy)
         self.leap_channel = PredictionChannel()
         self.leap_predictor = make_live_predictor(cfg)
+        self._leap_orders_admission = cfg.orders_admission
         self._leap_req: dict[str, _ReqState] = {}
         self._leap_seq = 0
         self._leap_step = -1
@@ -90,12 +100,13 @@ class LeapScheduler(Scheduler):
     # ------------------------------------------------------------------ requests
     def add_request(self, request) -> None:
         super().add_request(request)
-        self._leap_req[request.request_id] = _ReqState(
-            seq=self._leap_seq, arrival_s=float(request.arrival_time) - self._leap_wall0,
-            predicted=self.leap_predictor.at_arrival(request))
-        if not np.isnan(self._leap_req[request.request_id].predicted) and self.leap_predictor.stage == "arrival":
-            st = self._leap_req[request.request_id]
+        pred = self.leap_predictor
+        st = _ReqState(seq=self._leap_seq, arrival_s=float(request.arrival_time) - self._leap_wall0,
+                       predicted=pred.at_arrival(request))
+        self._leap_req[request.request_id] = st
+        if pred.stage == "arrival" and not pred.async_scores and not np.isnan(st.predicted):
             st.first_predicted = st.predicted
+            st.scored = True
         self._leap_seq += 1
 
     def _free_request(self, request, delay_free_blocks: bool = False):
@@ -116,6 +127,16 @@ class LeapScheduler(Scheduler):
     # ------------------------------------------------------------------ predictions
     def _take_predictions(self) -> None:
         pred = self.leap_predictor
+        if pred.async_scores:
+            for rid, value in pred.take_scores():
+                st = self._leap_req.get(rid)
+                if st is None:
+                    continue
+                st.predicted = value
+                st.scored = True
+                if np.isnan(st.first_predicted):
+                    st.first_predicted = value
+                    st.predicted_at_step = self._leap_step
         for ids, values, vectors in self.leap_channel.drain():
             z = pred.standardize(vectors) if vectors is not None else None
             for j, rid in enumerate(ids):
@@ -135,6 +156,34 @@ class LeapScheduler(Scheduler):
                 for st, v in zip(states, fresh.tolist()):
                     st.predicted = v
 
+    def _order_admission(self, step: int) -> None:
+        """Stable-sort the never-admitted waiting requests by the policy's admission keys."""
+        waiting = self.waiting
+        if len(waiting) < 2 or not isinstance(waiting, deque) or len(self.running) >= self.max_num_running_reqs:
+            return
+        reqs = list(waiting)
+        fresh = [r.request_id in self._leap_req and r.num_computed_tokens == 0 and r.num_preemptions == 0
+                 for r in reqs]
+        new = [r for r, f in zip(reqs, fresh) if f]
+        if len(new) < 2:
+            return
+        new.sort(key=lambda r: self._leap_req[r.request_id].seq)
+        states = [self._leap_req[r.request_id] for r in new]
+        n = len(new)
+        view = SchedulerView(
+            now=time.time() - self._leap_wall0,
+            arrival_s=np.fromiter((s.arrival_s for s in states), dtype=np.float64, count=n),
+            predicted=np.fromiter((s.predicted for s in states), dtype=np.float64, count=n),
+            generated=np.zeros(n, dtype=np.int64), output_kind="length", waiting=n,
+            decode_slots=self.leap_config.decode_slots, step=step, last_served=np.full(n, -1, dtype=np.int64),
+            first_predicted=np.fromiter((s.first_predicted for s in states), dtype=np.float64, count=n))
+        keys = self.leap_policy.admission_keys(view, np.arange(n))
+        if keys is None:
+            return
+        order = np.argsort(keys, kind="stable")
+        waiting.clear()
+        waiting.extend([r for r, f in zip(reqs, fresh) if not f] + [new[i] for i in order.tolist()])
+
     # ------------------------------------------------------------------ the step
     def schedule(self, *args, **kwargs):
         t0 = time.perf_counter()
@@ -145,6 +194,8 @@ class LeapScheduler(Scheduler):
         if cfg.needs_hook and self.running and not self.leap_channel.installed:
             raise RuntimeError("the LEAP hook is not installed: call live.attach(engine) after building the engine")
         self._take_predictions()
+        if self._leap_orders_admission:
+            self._order_admission(step)
         cand, others = [], []
         for r in self.running:
             (cand if r.num_output_tokens > 0 and not r.is_prefill_chunk else others).append(r)
@@ -180,12 +231,13 @@ class LeapScheduler(Scheduler):
             if rid in scheduled:
                 decoded += 1
                 self._leap_req[rid].last_served = step
-        admitted = 0
+        admitted = unscored = 0
         for new in out.scheduled_new_reqs:
             st = self._leap_req.get(new.req_id)
             if st is not None:
                 st.last_served = step
                 admitted += 1
+                unscored += not st.scored
         for rid in getattr(out.scheduled_cached_reqs, "resumed_req_ids", ()) or ():
             st = self._leap_req.get(rid)
             if st is not None:
@@ -199,6 +251,7 @@ class LeapScheduler(Scheduler):
         s.decoded.append(decoded)
         s.forced.append(int(n_forced))
         s.admitted.append(admitted)
+        s.unscored_admitted.append(unscored if self.leap_predictor.stage == "arrival" else 0)
         s.order_s.append(order_s)
         return out
 
@@ -213,7 +266,8 @@ class LeapScheduler(Scheduler):
     # ------------------------------------------------------------------ read-outs for drivers
     def leap_stats(self) -> dict[str, list]:
         """Per-step record (plain lists of equal length): step, running, waiting, candidates, chosen,
-        decoded, forced, admitted, order_s, predict_s, step_s (the last two lag one call until the
+        decoded, forced, admitted, unscored_admitted (arrival predictors: admitted before the score
+        landed), order_s, predict_s, step_s (the last two lag one call until the
         step's output is processed, so a snapshot mid-run trims to the completed steps)."""
         s = self._leap_stats
         n = len(s.step_s)
