@@ -114,8 +114,8 @@ class LiveSchedulerConfig:
         if not isinstance(self.ordered_admission, bool):
             raise LiveConfigError(f"ordered-admission must be true or false, got {self.ordered_admission!r}")
         if self.predictor == "ssjf":
-            self.text_encoder_dir()             # installed
             self.head_artifact()                # readable ssjf weights
+            self.text_encoder_dir()             # installed
         elif self.head_weights is not None:
             raise LiveConfigError(f"predictor {self.predictor!r} uses no head weights; drop head_weights=")
 
