@@ -3,12 +3,14 @@
 ``LiveSchedulerConfig(...).to_engine_args()`` -> engine kwargs (``scheduler_cls``,
 ``worker_extension_cls``, ``max_num_seqs``, ``additional_config``); build the engine in-process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``uni`` executor), then ``attach(engine)`` installs the hook
-and returns the scheduler, whose ``leap_stats()`` holds the per-step record.
+and returns the scheduler, whose ``leap_stats()`` holds the per-step record. The text-encoder
+baseline (``predictor="ssjf"``) reads each request's raw prompt text from
+``SamplingParams(extra_args={PROMPT_TEXT_KEY: text})``.
 """
 
 from __future__ import annotations
 
-from live.config import CONFIG_KEY, LiveConfigError, LiveSchedulerConfig
+from live.config import CONFIG_KEY, PROMPT_TEXT_KEY, LiveConfigError, LiveSchedulerConfig
 
 
 def scheduler_of(engine):
@@ -41,4 +43,4 @@ def attach(engine):
     return sched
 
 
-__all__ = ["CONFIG_KEY", "LiveConfigError", "LiveSchedulerConfig", "attach", "scheduler_of"]
+__all__ = ["CONFIG_KEY", "PROMPT_TEXT_KEY", "LiveConfigError", "LiveSchedulerConfig", "attach", "scheduler_of"]

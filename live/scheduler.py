@@ -88,6 +88,9 @@ class LeapScheduler(Scheduler):
         self.leap_channel = PredictionChannel()
         self.leap_predictor = make_live_predictor(cfg)
         self._leap_orders_admission = cfg.orders_admission
+        if self._leap_orders_admission and not isinstance(self.waiting, deque):
+            raise ValueError("ordered admission re-sorts vLLM's FCFS waiting queue: leave scheduling_policy at "
+                             "'fcfs' (or set ordered_admission=False in the live config)")
         self._leap_req: dict[str, _ReqState] = {}
         self._leap_seq = 0
         self._leap_step = -1
