@@ -110,9 +110,18 @@ class SSJF(HeadPredictor):
     def class_probabilities(self, X) -> np.ndarray:
         return softmax(self._head(X))
 
+    def classes_of(self, X) -> np.ndarray:
+        """Predicted length class of each feature row (argmax of the head)."""
+        return np.argmax(self._head(X), axis=1)
+
+    def lengths_of(self, X) -> np.ndarray:
+        """Predicted length of each feature row: what ``predict`` returns for a bound row with that
+        feature (the live scheduler scores prompts one by one with it, ``live.predictors``)."""
+        return self.class_length[self.classes_of(X)]
+
     def bind(self, workload, rng):
         super().bind(workload, rng)
-        self._class = np.argmax(self._head(workload.feature(self.column)), axis=1)
+        self._class = self.classes_of(workload.feature(self.column))
 
     def predict(self, rows):
         return self.class_length[self._class[np.asarray(rows, dtype=np.int64)]]

@@ -21,6 +21,7 @@ import numpy as np
 import simpy
 
 from policies.base import Policy, SchedulerView
+from policies.selection import choose_decodes
 from predictors.base import PendingUpdate, Predictor
 from simulator.profiles.base import EngineProfile
 from simulator.trace import Trace
@@ -290,30 +291,9 @@ class Simulation:
         return rows
 
     def _choose_decodes(self, ready: np.ndarray) -> tuple[np.ndarray, int]:
-        slots = self.config.decode_slots
-        if len(ready) <= slots:
-            return ready, 0
-        cap = self.config.wait_cap
-        if cap:
-            starving = (self.step - self.last_served[ready]) > cap
-            n_forced = int(starving.sum())
-        else:
-            n_forced = 0
-        if n_forced:
-            forced = ready[starving]
-            if n_forced >= slots:
-                forced = forced[np.argsort(self.last_served[forced], kind="stable")[:slots]]
-                return forced, slots
-            rest = ready[~starving]
-            picked = self._rank(rest, slots - n_forced)
-            return np.concatenate([forced, picked]), n_forced
-        return self._rank(ready, slots), 0
-
-    def _rank(self, rows: np.ndarray, k: int) -> np.ndarray:
-        keys = self.policy.decode_keys(self.view, rows)
-        if keys is None:
-            return rows[:k]
-        return rows[np.argsort(keys, kind="stable")[:k]]
+        cfg = self.config
+        return choose_decodes(self.policy, self.view, ready, decode_slots=cfg.decode_slots,
+                              wait_cap=cfg.wait_cap, step=self.step, last_served=self.last_served)
 
     def _step_loop(self):
         env, cfg, n = self.env, self.config, len(self.workload)

@@ -1,0 +1,125 @@
+"""vLLM worker extension: LEAP's read-out applied inside the forward, at the end of prefill.
+
+Loaded by ``worker_extension_cls="live.worker_ext.LiveExt"`` (vLLM appends it to the Worker's
+bases). It extends :class:`capture.vllm_ext.CaptureExt` (so the capture methods and step timer stay
+available to a serving-run driver) with ``lv_install``: a forward hook on decoder layer k that, in
+the step whose chunk holds a request's last prompt token, takes the residual stream at that token
+(``out[0] + out[1]``, the same row arithmetic as the capture hook) and applies the read-out's
+folded float32 weights on the model's device: lin = x . w + b, clip, square. The results (and,
+for leap-rls, the raw vectors) go to a :class:`PredictionChannel`.
+
+Channel choice: with the in-process ``uni`` executor, ``collective_rpc`` calls the worker method
+directly, so the scheduler passes its own channel object to ``lv_install`` (``live.attach``). One
+channel per engine, owned by that engine's scheduler: no module global, no serialisation. The mp
+executor would have to serialise the channel, so ``live.attach`` refuses it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+import torch
+
+from capture.vllm_ext import CaptureExt
+
+
+class PredictionChannel:
+    """Hook -> scheduler hand-off in one process: batches of (engine ids, predictions, vectors).
+
+    The hook appends a batch per prefill step (device tensors, no sync inside the forward); the
+    scheduler drains at the next step start, after the step's outputs were synchronised.
+    ``hook_s`` accumulates the hook's wall time (every forward, decode-only steps included).
+    """
+
+    def __init__(self) -> None:
+        self.pending: deque = deque()
+        self.hook_s = 0.0
+        self.hook_calls = 0
+        self.installed = False
+        self.seen: set[str] = set()     # engine ids predicted; the scheduler drops finished ones
+        self.layer: int | None = None
+
+    def take_hook_s(self) -> float:
+        t, self.hook_s = self.hook_s, 0.0
+        return t
+
+    def drain(self) -> list[tuple[list[str], np.ndarray, np.ndarray | None]]:
+        out = []
+        while self.pending:
+            ids, pred, vec = self.pending.popleft()
+            out.append((ids, pred.double().cpu().numpy(),
+                        None if vec is None else vec.cpu().numpy()))
+        return out
+
+
+class LiveExt(CaptureExt):
+    def lv_install(self, channel: PredictionChannel, layer: int, folded: tuple, keep_vectors: bool):
+        """Hook decoder ``layer``; ``folded`` = (w float32 (d,), b, lo, hi, square, cap)."""
+        r = self.model_runner
+        layers = r.model.get_submodule("model.layers")
+        if not 0 <= int(layer) < len(layers):
+            raise ValueError(f"layer {layer} out of range: the model has {len(layers)} decoder layers")
+        w, b, lo, hi, square, cap = folded
+        if not square:
+            raise ValueError("the live hook applies the sqrt-target read-out only (python -m live.readout)")
+        hidden = int(getattr(r.model_config.hf_config, "hidden_size", -1))
+        if hidden != len(w):
+            raise ValueError(f"read-out has {len(w)} weights, the model's hidden size is {hidden}")
+        tp = self.parallel_config.tensor_parallel_size
+        self._lv_active = tp <= 1 or self.rank % tp == 0
+        self._lv_w = None
+        self._lv_params = (np.asarray(w, dtype=np.float32), float(b), float(lo), float(hi), bool(square),
+                           float(cap))
+        self._lv_keep = bool(keep_vectors)
+        self._lv_channel = channel
+        self._lv_handle = layers[int(layer)].register_forward_hook(self._lv_hook)
+        channel.installed = True
+        channel.layer = int(layer)
+        return {"layer": int(layer), "num_layers": len(layers), "hidden_size": hidden}
+
+    def _lv_hook(self, mod, args, out):
+        if not self._lv_active:
+            return
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return
+        t0 = time.perf_counter()
+        ch = self._lv_channel
+        try:
+            r = self.model_runner
+            ib = r.input_batch
+            n = ib.num_reqs
+            if n == 0:
+                return
+            ch.hook_calls += 1
+            qsl_np = getattr(r, "query_start_loc_np", None)
+            if qsl_np is None:
+                qsl_np = r.query_start_loc.np
+            qsl = np.asarray(qsl_np[: n + 1], dtype=np.int64)
+            off = (np.asarray(ib.num_prompt_tokens[:n], dtype=np.int64) - 1
+                   - np.asarray(ib.num_computed_tokens_cpu[:n], dtype=np.int64))
+            sel = np.nonzero((off >= 0) & (off < np.diff(qsl)))[0]
+            if len(sel) == 0:
+                return                                  # decode-only step: numpy only, no device work
+            ids = [ib.req_ids[i] for i in sel.tolist()]
+            fresh = [j for j, rid in enumerate(ids) if rid not in ch.seen]   # not a preemption re-prefill
+            if not fresh:
+                return
+            sel, ids = sel[fresh], [ids[j] for j in fresh]
+            ch.seen.update(ids)
+            hs, res = out if isinstance(out, tuple) else (out, None)
+            rows = torch.from_numpy(qsl[sel] + off[sel])
+            idx = rows.to(hs.device, non_blocking=True) if hs.is_cuda else rows
+            vec = hs.index_select(0, idx)
+            if res is not None:
+                vec = vec + res.index_select(0, idx)
+            vec = vec.detach().float()
+            if self._lv_w is None or self._lv_w.device != vec.device:
+                self._lv_w = torch.from_numpy(self._lv_params[0]).to(vec.device)
+            _, b, lo, hi, square, cap = self._lv_params
+            value = torch.clamp(vec @ self._lv_w + b, lo, hi)
+            value = value * value
+            ch.pending.append((ids, torch.clamp(value, 1.0, cap), vec if self._lv_keep else None))
+        finally:
+            ch.hook_s += time.perf_counter() - t0
