@@ -82,6 +82,17 @@ def serve_parser() -> argparse.ArgumentParser:
                         "default: the cached measurement of this workload and engine setting")
     p.add_argument("--policy", default="fcfs")
     p.add_argument("--predictor", default="none")
+    p.add_argument("--scheduler", choices=["live", "vllm"], default=None,
+                   help="live: the project's scheduler through vLLM's scheduler_cls (default where live/ "
+                        "imports; needed for any policy but fcfs and for decode slots); vllm: vLLM's own")
+    p.add_argument("--readout", metavar="FILE.npz",
+                   help="LEAP read-out for --predictor leap/leap-rls (python -m live.readout)")
+    p.add_argument("--layer", type=int, metavar="K", help="tapped layer (must match the read-out)")
+    p.add_argument("--wait-cap", type=int, default=128, metavar="STEPS",
+                   help="live scheduler: force a resident request after this many steps without a decode (0 = off)")
+    p.add_argument("--head-weights", metavar="FILE.npz", help="ssjf head weights (default: the shipped ones)")
+    p.add_argument("--fcfs-admission", action="store_true",
+                   help="admit FCFS even with an arrival-stage predictor (oracle, ssjf)")
     p.add_argument("--decode-slots", type=int, metavar="N",
                    help="decodes per step (live scheduler only; vLLM's own decodes all residents)")
     p.add_argument("--max-resident", type=int, default=64, help="vLLM max_num_seqs")
@@ -108,31 +119,43 @@ def serve_parser() -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------- scheduler hook-up
 
 
-def scheduler_engine_args(policy: str, predictor: str, max_resident: int,
-                          decode_slots: int | None, layer: int | None = None) -> dict:
-    """vLLM engine kwargs selecting the scheduler. The one place the live scheduler (``live/``)
-    is wired in: with it, ``LiveSchedulerConfig(...).to_engine_args()``; without it only vLLM's
-    own scheduler runs (``--policy fcfs --predictor none``)."""
+def live_config(args):
+    """The live scheduler's config for these flags, or None for vLLM's own scheduler. The one place
+    the live scheduler (``live/``) is wired in; without ``live/`` only ``--policy fcfs --predictor
+    none`` with every resident decoding (vLLM's own scheduler) runs."""
     try:
-        from live.config import LiveSchedulerConfig  # type: ignore[import-not-found]
+        from live.config import LiveSchedulerConfig
     except ImportError:
-        if policy == "fcfs" and predictor == "none":
-            if decode_slots is not None and decode_slots != max_resident:
-                raise CaptureError(f"--decode-slots {decode_slots}: vLLM's own scheduler decodes every "
-                                   "resident request; it needs the live scheduler (live/), not in "
-                                   "this checkout") from None
-            return {}
-        raise CaptureError(f"--policy {policy} --predictor {predictor} needs the live scheduler "
-                           "(live/), which is not in this checkout; only --policy fcfs --predictor "
-                           "none (vLLM's own scheduler) runs") from None
+        if args.scheduler == "live":
+            raise CaptureError("--scheduler live: the live scheduler (live/) is not importable here") from None
+        scheduler = "vllm"
+    else:
+        scheduler = args.scheduler or "live"
+    live_only = {"--readout": args.readout, "--layer": args.layer, "--head-weights": args.head_weights}
+    if scheduler == "vllm":
+        if (args.policy, args.predictor) != ("fcfs", "none"):
+            raise CaptureError(f"--policy {args.policy} --predictor {args.predictor} needs the live "
+                               "scheduler (--scheduler live); vLLM's own runs fcfs/none only")
+        if args.decode_slots is not None and args.decode_slots != args.max_resident:
+            raise CaptureError(f"--decode-slots {args.decode_slots}: vLLM's own scheduler decodes every "
+                               "resident request; use --scheduler live")
+        given = [flag for flag, value in live_only.items() if value is not None]
+        if given:
+            raise CaptureError(f"{given[0]} applies to the live scheduler only (--scheduler live)")
+        return None
     try:
-        kwargs = dict(policy=policy, predictor=predictor, max_resident=max_resident,
-                      decode_slots=decode_slots if decode_slots is not None else max_resident)
-        if layer is not None:
-            kwargs["layer"] = layer
-        return dict(LiveSchedulerConfig(**kwargs).to_engine_args())
+        return LiveSchedulerConfig(
+            policy=args.policy, predictor=args.predictor, max_resident=args.max_resident,
+            decode_slots=args.decode_slots if args.decode_slots is not None else args.max_resident,
+            wait_cap=args.wait_cap, readout=args.readout, layer=args.layer,
+            head_weights=args.head_weights, ordered_admission=not args.fcfs_admission)
     except (ValueError, TypeError) as e:
         raise CaptureError(f"live scheduler: {e}") from None
+
+
+def scheduler_engine_args(config) -> dict:
+    """vLLM engine kwargs selecting the scheduler (none for vLLM's own)."""
+    return {} if config is None else dict(config.to_engine_args())
 
 
 # --------------------------------------------------------------------------- workload
@@ -147,11 +170,13 @@ class ServeRequest:
     source_output_tokens: int
     length: int            # forced length, or the max_tokens cap when not forced
     reference_output_tokens: int | None
+    prompt_text: str = ""  # raw user prompt (no template): the live text-encoder baseline's input
 
 
-def _source_prompts(meta: dict, table, ids, tok, log) -> dict[str, list[int]]:
-    """Prompt token ids of the chosen requests: from prompt_text where the trace carries it,
-    else re-read from the trace's prompt source; each checked against the recorded prompt_tokens."""
+def _source_prompts(meta: dict, table, ids, tok, log) -> tuple[dict[str, list[int]], dict[str, str]]:
+    """Prompt token ids (and raw texts) of the chosen requests: from prompt_text where the trace
+    carries it, else re-read from the trace's prompt source; each checked against the recorded
+    prompt_tokens."""
     texts = {}
     have_text = "prompt_text" in table.column_names
     col = table.column("prompt_text").to_pylist() if have_text else [None] * table.num_rows
@@ -183,7 +208,7 @@ def _source_prompts(meta: dict, table, ids, tok, log) -> dict[str, list[int]]:
             raise CaptureError(f"request {rid}: re-tokenized prompt has {len(got)} tokens, the trace "
                                f"recorded {recorded[pos[rid]]} (another model, template or prompt source?)")
         out[rid] = got
-    return out
+    return out, texts
 
 
 def kv_blocks_estimate(cfg: dict, dtype: str, kv_space_gib: int, block_size: int = 128) -> int:
@@ -337,8 +362,8 @@ def serve_main(argv) -> int:
         parts = out.with_name(out.name + ".parts")
         if (out.exists() or parts.exists()) and not (args.resume or args.overwrite):
             raise CaptureError(f"{out} (or its .parts) exists; use --resume to continue or --overwrite")
-    engine_overrides = scheduler_engine_args(args.policy, args.predictor, args.max_resident,
-                                             args.decode_slots)
+    live = live_config(args)
+    engine_overrides = scheduler_engine_args(live)
 
     # ---- source trace and model
     from simulator.trace import TraceError, load_trace
@@ -372,7 +397,7 @@ def serve_main(argv) -> int:
     tsha = hashlib.sha256(template.encode()).hexdigest()
     if meta.get("chat_template_sha256") and meta["chat_template_sha256"] != tsha:
         raise CaptureError(f"{args.source}: recorded with another chat template than {model_dir}'s")
-    prompt_ids = _source_prompts(meta, table, ids, tok, log)
+    prompt_ids, prompt_texts = _source_prompts(meta, table, ids, tok, log)
     out_col = table.column("output_tokens").to_pylist()
     cap_col = table.column("max_tokens").to_pylist()
     dom_col = table.column("domain").to_pylist()
@@ -389,7 +414,7 @@ def serve_main(argv) -> int:
             raise CaptureError(f"request {rid}: prompt {len(prompt_ids[rid])} + length {length} tokens "
                                f"exceeds max_model_len {max_model_len} (cap it with --max-length)")
         reqs.append(ServeRequest(rid, dom_col[i], pid_col[i], tuple(prompt_ids[rid]), int(out_col[i]),
-                                 length, ref_col[i]))
+                                 length, ref_col[i], prompt_texts[rid]))
     est_blocks = kv_blocks_estimate(cfg, dtype, args.kv_space_gib)
     kv_need = check_kv(reqs, args.max_resident, est_blocks, 128, args.kv_space_gib,
                        "estimated from the model config before the engine starts")
@@ -407,7 +432,10 @@ def serve_main(argv) -> int:
     }
     engine_desc = {
         "model_revision": model_revision(model_dir), "dtype": dtype, "max_model_len": max_model_len,
-        "max_resident": args.max_resident, "decode_slots": args.decode_slots,
+        "max_resident": args.max_resident,
+        "decode_slots": live.decode_slots if live is not None else args.max_resident,
+        "scheduler": "live" if live is not None else "vllm",
+        "wait_cap": live.wait_cap if live is not None else None,
         "max_num_batched_tokens": args.max_num_batched_tokens, "kv_space_gib": args.kv_space_gib,
         "executor": args.executor, "threads": threads_n, "sampling": sampling,
         "engine": _vllm_version(),
@@ -441,6 +469,9 @@ def serve_main(argv) -> int:
         from vllm.sampling_params import RequestOutputKind
 
         forced = dict(min_tokens=req.length, ignore_eos=True) if args.force_lengths else {}
+        if live is not None and live.predictor == "ssjf":
+            from live import PROMPT_TEXT_KEY
+            forced["extra_args"] = {PROMPT_TEXT_KEY: req.prompt_text}
         return SamplingParams(temperature=sampling["temperature"], top_p=sampling["top_p"],
                               repetition_penalty=sampling["repetition_penalty"],
                               max_tokens=req.length, output_kind=RequestOutputKind.DELTA,
@@ -464,6 +495,13 @@ def serve_main(argv) -> int:
                      kv_space_gib=args.kv_space_gib, threads=args.threads, executor=args.executor,
                      probe_every=args.probe_every, engine_overrides=engine_overrides, log=log)
     try:
+        if live is not None:
+            import live as live_pkg
+
+            try:
+                live_pkg.attach(be.engine)   # hook <-> scheduler channel (LEAP predictors)
+            except ValueError as e:
+                raise CaptureError(f"live scheduler: {e}") from None
         if be.kv_blocks and be.kv_blocks != est_blocks:
             log(f"engine has {be.kv_blocks} KV blocks (estimate {est_blocks})")
             check_kv(reqs, args.max_resident, be.kv_blocks, be.block_size or 128, args.kv_space_gib,
@@ -496,7 +534,13 @@ def serve_main(argv) -> int:
         serving = {"mode": "open-loop", "arrivals": arrivals_desc, "load": load,
                    "rate_req_s": rate, "capacity_req_s": capacity, "capacity_source": capacity_how,
                    "capacity_key": key, "policy": args.policy, "predictor": args.predictor,
-                   "max_resident": args.max_resident, "decode_slots": args.decode_slots,
+                   "max_resident": args.max_resident,
+                   "decode_slots": live.decode_slots if live is not None else args.max_resident,
+                   "scheduler": "live" if live is not None else "vllm",
+                   "wait_cap": live.wait_cap if live is not None else None,
+                   "ordered_admission": live.orders_admission if live is not None else False,
+                   "readout": _file_ref(args.readout), "layer": live.hook_layer if live is not None else None,
+                   "head_weights": _file_ref(args.head_weights),
                    "max_num_batched_tokens": args.max_num_batched_tokens,
                    "forced_lengths": args.force_lengths, "max_length": args.max_length,
                    "source_trace": {"name": src.name, "sha256": src.content_hash,
@@ -692,6 +736,14 @@ def serve_table(fins, by_id, planned_of, run: int, shift: float):
              "token_times_s": pa.list_(pa.float64()), "run": pa.int32(),
              "source_output_tokens": pa.int32(), "reference_output_tokens": pa.int32()}
     return pa.table({k: pa.array([row[k] for row in rows], t) for k, t in types.items()})
+
+
+def _file_ref(path: str | None) -> str | None:
+    """A file by name and content hash: no machine path in shared metadata."""
+    if path is None:
+        return None
+    p = Path(path)
+    return f"{p.name}@sha256:{hashlib.sha256(p.read_bytes()).hexdigest()[:12]}"
 
 
 def _write_json(path: Path, obj) -> None:
