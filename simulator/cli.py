@@ -16,6 +16,8 @@ import os
 import sys
 from pathlib import Path
 
+from core.arrivals import parse_load
+from core.trace import TraceError, bundled_trace_names, load_trace
 from policies import POLICIES
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
@@ -23,8 +25,7 @@ from simulator.engine import EngineConfig
 from simulator.profiles import DEFAULT_PROFILE, PROFILES, is_profile_name
 from simulator.runner import MAX_SEED, NO_PREDICTOR, PRESETS, RunConfig, prepare
 from simulator.sweep import SweepInterrupted, add_relative_changes, run_many, run_slug, write_results
-from simulator.trace import TraceError, bundled_trace_names, load_trace
-from simulator.workload import ArrivalSpec, parse_load
+from simulator.workload import ArrivalSpec
 
 PROG = "simulate"
 DEFAULT_LOAD = "1x"

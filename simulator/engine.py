@@ -20,10 +20,10 @@ from typing import Callable
 import numpy as np
 import simpy
 
+from core.trace import Trace
 from policies.base import Policy, SchedulerView
 from predictors.base import PendingUpdate, Predictor
 from simulator.profiles.base import EngineProfile
-from simulator.trace import Trace
 
 NOT_YET = np.nan
 

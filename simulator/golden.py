@@ -16,10 +16,10 @@ import json
 import sys
 from pathlib import Path
 
+from core.io import atomic_write_json
+from core.trace import bundled_trace_names
 from predictors import PREDICTORS
-from simulator.io import atomic_write_json
 from simulator.runner import RunConfig, execute, prepare
-from simulator.trace import bundled_trace_names
 
 GOLDEN_PATH = Path(__file__).resolve().parent.parent / "tests" / "golden" / "summaries.json"
 FIELDS = ("mean_ptl_s", "mean_e2e_s", "p50_e2e_s", "p95_e2e_s", "p99_e2e_s", "mean_ttft_s",
@@ -60,7 +60,7 @@ def run_id(run) -> str:
 
 def available_runs() -> list[tuple]:
     """Runs whose trace is bundled with at least the requests they use (recordings grow across sessions)."""
-    from simulator.trace import load_trace
+    from core.trace import load_trace
 
     traces = set(bundled_trace_names())
     return [r for r in RUNS if r[0] in traces and (r[1] == "none" or r[1] in PREDICTORS)

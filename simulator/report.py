@@ -34,14 +34,15 @@ from typing import Callable
 
 import numpy as np
 
+from core.arrivals import parse_load
+from core.io import DATA_DIR_ENV, DataDirMissing, atomic_write_bytes, data_dir
+from core.trace import TraceError, bundled_trace_names, load_trace
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
-from simulator.io import DATA_DIR_ENV, DataDirMissing, atomic_write_bytes, data_dir
 from simulator.runner import NO_PREDICTOR, RunConfig, prepare
 from simulator.sweep import (Stopped, SweepInterrupted, add_relative_changes, run_many, run_slug,
                              sigterm_raises_stopped, write_results)
-from simulator.trace import TraceError, bundled_trace_names, load_trace
-from simulator.workload import ArrivalSpec, parse_load
+from simulator.workload import ArrivalSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 AZURE_CONV = Path("arrivals") / "AzureLLMInferenceTrace_conv.csv"     # under the shared data folder

@@ -22,10 +22,10 @@ import sys
 
 import numpy as np
 
+from core.trace import Trace, TraceError, load_trace
 from simulator.preset import closed_loop_window
 from simulator.profiles import FITTED_FROM
 from simulator.runner import NO_PREDICTOR, RunConfig, execute, prepare
-from simulator.trace import Trace, TraceError, load_trace
 from simulator.workload import ArrivalSpec
 
 PROG = "leap-validate"

@@ -37,7 +37,7 @@ def test_report_runs_end_to_end(tmp_path, monkeypatch, old_report, capsys):
     assert not (tmp_path / "report" / "stale-experiment.csv").exists()   # report/ replaced whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.md", "report", "report.md"]   # no stage left
     text = (tmp_path / "report.md").read_text()
-    from simulator.trace import bundled_trace_names
+    from core.trace import bundled_trace_names
     for name in bundled_trace_names():   # every trace that fed it is listed, with its status
         assert f"| `{name}` |" in text
     for heading in ("## Traces", "Prediction quality by domain", "Table 3 analogue", "Table 4 analogue", "Table 2 analogue", "Fig. 6 analogue", "Azure"):

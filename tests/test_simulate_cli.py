@@ -241,7 +241,7 @@ def test_default_run_compares_fcfs_with_a_length_aware_predictor(capsys):
 # ----------------------------------------------------------------------------- replay as recorded
 def write_trace(path, prompt, output, arrival=None, **meta):
     """A trace file (request ids r0, r1, ...) with optional arrival_s and recording metadata."""
-    from simulator.trace import trace_from_arrays, trace_metadata
+    from core.trace import trace_from_arrays, trace_metadata
     trace = trace_from_arrays(path.stem, prompt, output, arrival_s=arrival)
     pq.write_table(trace.table.replace_schema_metadata(trace_metadata(**meta)), path)
     return str(path)
@@ -292,7 +292,7 @@ def test_arrivals_recorded_batch_at_t0_works_where_rescaling_refuses(tmp_path, c
     from predictors.oracle import Oracle
     from simulator.engine import EngineConfig, Simulation
     from simulator.profiles import make_profile
-    from simulator.trace import load_trace
+    from core.trace import load_trace
     direct = Simulation(load_trace(path), np.zeros(8), policy=make_policy("countdown"), predictor=Oracle(),
                         profile=make_profile("unit"), config=EngineConfig(decode_slots=2)).run()
     assert summary["mean_e2e_s"] == pytest.approx(float(np.mean(direct.finish_s - direct.arrival_s)), rel=1e-12)
@@ -358,7 +358,7 @@ def test_arrival_csv_without_usable_timestamps_refused_before_any_output(tmp_pat
 
 def test_leap_validate_is_the_simulate_run_it_describes(capsys):
     """leap-validate builds its replay through the same runner as `simulate`: same figures."""
-    from simulator.trace import load_trace
+    from core.trace import load_trace
     from simulator.validate import validate_one
     row = validate_one(load_trace("math"), load_trace("lmsys"), requests=150)
     assert main(["--trace", "math", "--requests", "150", "--preset", "recorded", "--arrivals", "closed",

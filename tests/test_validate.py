@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow.parquet as pq
 
+from core.trace import load_trace
 from simulator.steps_rebuild import rebuild
-from simulator.trace import load_trace
 from simulator.validate import main, validate_one
 
 
