@@ -141,7 +141,7 @@ def main(argv=None) -> int:
         return 2
     except SystemExit as e:  # argparse of a subcommand (--help or a bad flag)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
-    except BrokenPipeError:   # a closed output pipe: simulator.entry ends quietly
+    except BrokenPipeError:   # a closed output pipe: experiments.entry ends quietly
         raise
     except KeyboardInterrupt:
         _err("interrupted; rerun with --resume to continue")

@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0) if not isinstance(exc.code, str) else 2
     try:
         return run(args)
-    except BrokenPipeError:   # a closed output pipe: simulator.entry ends quietly
+    except BrokenPipeError:   # a closed output pipe: experiments.entry ends quietly
         raise
     except (TraceError, ValueError, OSError) as exc:
         print(f"evaluate-predictors: error: {exc}", file=sys.stderr)

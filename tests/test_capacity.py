@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from core.trace import load_trace, trace_from_arrays
-from simulator.cli import main
+from experiments.cli import main
 from simulator.engine import EngineConfig
 from simulator.profiles import make_profile
 from simulator.profiles.unit import UnitProfile

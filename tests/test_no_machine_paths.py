@@ -15,7 +15,7 @@ import pytest
 
 from core.io import shareable_path
 from core.trace import METADATA_KEY, load_trace, trace_content_hash, trace_reference, traces_dir
-from simulator.cli import main
+from experiments.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"

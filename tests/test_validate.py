@@ -7,8 +7,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from core.trace import load_trace
-from simulator.steps_rebuild import rebuild
-from simulator.validate import main, validate_one
+from experiments.steps_rebuild import rebuild
+from experiments.validate import main, validate_one
 
 
 def test_math_replayed_out_of_sample_within_bound():

@@ -5,8 +5,8 @@ A fixed small set of runs on the bundled traces; their key figures are stored in
 (the simulation is deterministic; the tolerance only absorbs floating-point noise across numpy
 builds). After an intended change, refresh them and commit the diff:
 
-    python -m simulator.golden --update      # rewrite tests/golden/summaries.json
-    python -m simulator.golden               # compare, print mismatches, exit 1 on any
+    python -m experiments.golden --update    # rewrite tests/golden/summaries.json
+    python -m experiments.golden             # compare, print mismatches, exit 1 on any
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def check(golden: dict | None = None) -> dict[str, list[str]]:
     failures = {}
     for rid, expected in golden["runs"].items():
         if rid not in runs:
-            failures[rid] = ["no longer in simulator.golden.RUNS; refresh the golden file"]
+            failures[rid] = ["no longer in experiments.golden.RUNS; refresh the golden file"]
             continue
         try:
             actual = compute(runs[rid])
@@ -118,7 +118,7 @@ def check(golden: dict | None = None) -> dict[str, list[str]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simulator.golden", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.golden", description=__doc__.splitlines()[0])
     ap.add_argument("--update", action="store_true", help="recompute and rewrite the golden file")
     args = ap.parse_args(argv)
     if args.update:

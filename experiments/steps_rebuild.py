@@ -215,7 +215,7 @@ def rebuild(trace_path: Path) -> tuple[pa.Table, dict]:
     report["match_rate"] = float(exact.mean()) if n else 1.0
     meta_out = dict(table.schema.metadata or {})
     meta_out[b"leap.steps_rebuilt"] = json.dumps({
-        "by": "simulator.steps_rebuild (closed-loop vLLM V1 scheduler replay)",
+        "by": "experiments.steps_rebuild (closed-loop vLLM V1 scheduler replay)",
         "settings": settings.__dict__, "match_rate": report["match_rate"],
         "runs": report["runs"]}, sort_keys=True).encode()
     return table.replace_schema_metadata(meta_out), report
