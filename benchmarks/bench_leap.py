@@ -35,8 +35,8 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from predictors.leap import (RLS_FIXED_S, RLS_S_PER_BD2, AnchoredRLS, LinearReadout,  # noqa: E402
-                             prediction_cpu_s, rls_update_cpu_s)
+from core.readout import LinearReadout  # noqa: E402
+from predictors.leap import RLS_FIXED_S, RLS_S_PER_BD2, AnchoredRLS, prediction_cpu_s, rls_update_cpu_s  # noqa: E402
 
 
 def _cpu_name() -> str:

@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from core.io import atomic_write_bytes
+
 from . import CaptureError
 
 SCHEMA_VERSION = 1
@@ -139,7 +141,7 @@ def main(argv=None) -> int:
         return 2
     except SystemExit as e:  # argparse of a subcommand (--help or a bad flag)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
-    except BrokenPipeError:   # a closed output pipe: simulator.entry ends quietly
+    except BrokenPipeError:   # a closed output pipe: experiments.entry ends quietly
         raise
     except KeyboardInterrupt:
         _err("interrupted; rerun with --resume to continue")
@@ -478,9 +480,7 @@ def _generate(args, store, model_dir, cfg, todo, ref_len, log):
                        batch_size=args.max_num_seqs, threads=_hf_threads(args), log=log)
     info = be.info()
     info["run_started"] = time.time()
-    tmp = store.dir / ".backend.json.tmp"
-    tmp.write_text(json.dumps(info))
-    os.replace(tmp, store.dir / "backend.json")
+    atomic_write_bytes(store.dir / "backend.json", json.dumps(info).encode())
     sampling = {"temperature": args.temperature, "top_p": args.top_p,
                 "repetition_penalty": args.repetition_penalty, "max_tokens": args.max_tokens}
     names = list({**{"feat_last": args.layer[0]}, **{f"feat_last_l{k}": k for k in args.layer[1:]}})
@@ -521,10 +521,7 @@ def _generate(args, store, model_dir, cfg, todo, ref_len, log):
 
 
 def _write_run_stats(store, stats):
-    f = store.dir / f"run-{store.run:03d}.json"
-    tmp = store.dir / f".run-{store.run:03d}.json.tmp"
-    tmp.write_text(json.dumps(stats))
-    os.replace(tmp, f)
+    atomic_write_bytes(store.dir / f"run-{store.run:03d}.json", json.dumps(stats).encode())
 
 
 if __name__ == "__main__":

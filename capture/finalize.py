@@ -8,8 +8,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from core.trace import is_complete, side_table_path, vectors_to_numpy
+
 from . import CaptureError
-from .store import atomic_write_table, dedupe_first, is_complete, side_path
+from .store import atomic_write_table, dedupe_first
 
 PREFILL_COLS = ("feat_mean", "feat_entropy_pooled", "text_embedding")
 
@@ -17,12 +19,6 @@ PREFILL_COLS = ("feat_mean", "feat_entropy_pooled", "text_embedding")
 def _rows_of(table: pa.Table, ids: list[str]) -> pa.Table:
     pos = {r: i for i, r in enumerate(table.column("request_id").to_pylist())}
     return table.take(pa.array([pos[r] for r in ids], type=pa.int64()))
-
-
-def _vec_np(col) -> np.ndarray:
-    col = col.combine_chunks() if hasattr(col, "combine_chunks") else col
-    d = col.type.list_size
-    return col.flatten().to_numpy(zero_copy_only=False).reshape(-1, d)
 
 
 def _complete_rows(store, kind: str, ids, if_none: str, if_missing: str):
@@ -78,8 +74,8 @@ def finalize(store, prompts, meta: dict, backend_info: dict | None, hidden: int,
                 if not ok.any():
                     continue
                 rows = pa.array(np.flatnonzero(ok), type=pa.int64())
-                a = _vec_np(table.column(name).take(rows)).astype(np.float64)
-                b = _vec_np(feat.column(c).take(rows)).astype(np.float64)
+                a = vectors_to_numpy(table.column(name).take(rows)).astype(np.float64)
+                b = vectors_to_numpy(feat.column(c).take(rows)).astype(np.float64)
                 rel = np.linalg.norm(a - b, axis=1) / np.maximum(np.linalg.norm(b, axis=1), 1e-30)
                 crosscheck[name] = {"against": "transformers fp32 prefill, same layer",
                                     "median_rel_err": float(np.median(rel)),
@@ -144,14 +140,14 @@ def finalize(store, prompts, meta: dict, backend_info: dict | None, hidden: int,
     })
     meta["sampling"] = dict(meta["sampling"])
     if dec is not None and dec.num_rows:
-        p = side_path(store.out, "decode")
+        p = side_table_path(store.out, "decode")
         meta["side_tables"]["decode"] = p.name
         atomic_write_table(dec, p, {"schema_version": meta["schema_version"], "table": "decode",
                                     "trace": store.out.name, "decode_every_k": meta["decode_every_k"],
                                     "decode_layers": meta["decode_layers"],
                                     "hidden_size": hidden})
     if steps is not None and steps.num_rows:
-        p = side_path(store.out, "steps")
+        p = side_table_path(store.out, "steps")
         meta["side_tables"]["steps"] = p.name
         atomic_write_table(steps, p, {"schema_version": meta["schema_version"], "table": "steps",
                                       "trace": store.out.name,

@@ -22,9 +22,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from core.trace import METADATA_KEY, is_complete, side_table_path
+
 from . import CaptureError
 from .finalize import combine_crosscheck
-from .store import META_KEY, atomic_write_table, check_output_trace, is_complete, read_meta, side_path
+from .store import atomic_write_table, check_output_trace, read_meta
 
 
 @dataclass
@@ -59,7 +61,7 @@ def _side(path, name, meta):
         table = pq.read_table(p)
     except (OSError, pa.ArrowException) as e:
         raise CaptureError(f"{p}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
-    raw = (table.schema.metadata or {}).get(META_KEY)
+    raw = (table.schema.metadata or {}).get(METADATA_KEY)
     return table, (json.loads(raw) if raw else {})
 
 
@@ -138,11 +140,11 @@ def merge(out, inputs) -> dict:
     })
     # read everything above; now write: side tables first, the main file (which names them) last
     if decode is not None and decode.num_rows:
-        p = side_path(out, "decode")
+        p = side_table_path(out, "decode")
         meta["side_tables"]["decode"] = p.name
         atomic_write_table(decode, p, dict(side_meta["decode"], trace=out.name))
     if steps is not None and steps.num_rows:
-        p = side_path(out, "steps")
+        p = side_table_path(out, "steps")
         meta["side_tables"]["steps"] = p.name
         atomic_write_table(steps, p, dict(side_meta["steps"], trace=out.name))
     atomic_write_table(main, out, meta)

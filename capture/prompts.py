@@ -60,7 +60,7 @@ MGSM_LANGS = ["bn", "de", "es", "fr", "ja", "ru", "sw", "te", "th", "zh"]
 
 def shared_data_dir() -> Path:
     """``$LEAP_DATA_DIR``, else ``<checkout>/../shared/data`` (one error line naming both if absent)."""
-    from simulator.io import DataDirMissing, data_dir
+    from core.io import DataDirMissing, data_dir
 
     try:
         return data_dir()

@@ -4,7 +4,7 @@
         per domain: requests, prompt/output token percentiles, share hitting the cap,
         and per trace the capture throughput (generated tokens / wall seconds of the runs).
     capture-traces signal --train traces/lmsys.parquet traces/*.parquet
-        LEAP's read-out (predictors/leap.py) fitted on the training trace: out-of-fold 5-fold CV
+        LEAP's read-out (core/readout.py) fitted on the training trace: out-of-fold 5-fold CV
         Spearman in-sample, Spearman of its prediction per domain on the other traces (side tables
         skipped).
 """
@@ -17,6 +17,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from core.metrics import spearman
+from core.readout import fit_readout, out_of_fold_predictions
+from core.trace import (METADATA_KEY, SCHEMA_VERSION, Trace, TraceError, load_trace, trace_content_hash,
+                        validate_table)
 
 from . import CaptureError
 
@@ -53,7 +58,7 @@ def _load(path):
         t = pq.read_table(p)
     except Exception as e:  # noqa: BLE001
         raise CaptureError(f"cannot read {p}: {e}") from None
-    raw = (t.schema.metadata or {}).get(b"leap.trace")
+    raw = (t.schema.metadata or {}).get(METADATA_KEY)
     meta = json.loads(raw) if raw else {}
     return t, meta
 
@@ -113,25 +118,21 @@ def main(argv=None) -> int:
 
 
 # ------------------------------------------------------------------ signal check
-# The read-out is LEAP's own (predictors/leap.py: standardise + ridge on sqrt(length), lambda by
-# 5-fold CV on the training trace, clip, square) and the rank metric is the project's one
-# (predictors/metrics.py), so these figures are the ones `simulate --predictor leap` and
-# `evaluate-predictors` report for the same traces.
-
-from predictors.metrics import spearman  # noqa: E402  (re-exported: one Spearman in the project)
+# The read-out is the project's one (core/readout.py: standardise + ridge on sqrt(length), lambda
+# by 5-fold CV on the training trace, clip, square) and so is the rank metric (core/metrics.py),
+# so these figures are the ones `simulate --predictor leap` and `evaluate-predictors` report for
+# the same traces.
 
 SIDE_TABLE_SUFFIXES = (".steps.parquet", ".decode.parquet")
 
 
 def _signal_trace(path):
     """A validated trace (file, or a ``.parts`` recording in progress); bad input -> CaptureError."""
-    from simulator.trace import Trace, TraceError, load_trace, trace_content_hash, validate_table
-
     p = Path(path)
     try:
         if p.is_dir() and p.name.endswith(".parts"):
             t, _ = _load(p)
-            meta = {"schema_version": 1}
+            meta = {"schema_version": SCHEMA_VERSION}
             validate_table(t, meta, p)
             return Trace(name=p.name[: -len(".parquet.parts")], path=None, table=t, metadata=meta,
                          content_hash=trace_content_hash(t, meta))
@@ -140,30 +141,11 @@ def _signal_trace(path):
         raise CaptureError(str(e)) from None
 
 
-def out_of_fold_predictions(train, column: str = "feat_last") -> np.ndarray:
-    """Each training row predicted by LEAP's read-out fitted (lambda chosen by the same inner CV) on
-    the other folds: the folds of LEAP's own CV (same count, same seeded permutation)."""
-    from predictors.leap import CV_FOLDS, CV_SEED, fit_readout
-
-    n = len(train)
-    pred = np.empty(n)
-    X = train.feature(column)
-    for part in np.array_split(np.random.default_rng(CV_SEED).permutation(n), CV_FOLDS):
-        rest = np.setdiff1d(np.arange(n), part)
-        readout, _ = fit_readout(train.take(rest), column, use_cache=False)
-        pred[part] = readout.predict_workload(X[part])
-    return pred
-
-
 def signal_rows(train_path, paths, column: str = "feat_last") -> tuple[dict, list[dict]]:
     """(training summary, one row per trace and domain) of LEAP's read-out trained on ``train_path``."""
-    from predictors.leap import fit_readout
-
     train = _signal_trace(train_path)
     if not train.has_feature(column):
         raise CaptureError(f"{train_path}: no column {column!r} to train on")
-    from simulator.trace import TraceError
-
     try:
         readout, _ = fit_readout(train, column)
     except (TraceError, ValueError) as e:

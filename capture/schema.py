@@ -5,31 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from core.trace import vector_array
+
 ENC_DIM = 384
-
-
-def vec_type(d: int, dtype=pa.float16()) -> pa.DataType:
-    return pa.list_(dtype, d)
-
-
-def vec_array(vectors, d: int, dtype=np.float16) -> pa.Array:
-    """fixed_size_list array from a list of 1-D vectors (None -> null)."""
-    n = len(vectors)
-    mat = np.zeros((n, d), dtype=dtype)
-    mask = np.zeros(n, dtype=bool)
-    for i, v in enumerate(vectors):
-        if v is None:
-            mask[i] = True
-            continue
-        v = np.asarray(v)
-        if v.shape != (d,):
-            raise ValueError(f"vector of shape {v.shape}, expected ({d},)")
-        mat[i] = v.astype(dtype)
-    flat = pa.array(mat.reshape(-1))
-    arr = pa.FixedSizeListArray.from_arrays(flat, d)
-    if mask.any():
-        arr = pa.FixedSizeListArray.from_arrays(flat, d, mask=pa.array(mask))
-    return arr
 
 
 def gen_table(fins, by_id, ref_len, max_tokens, names, layers, hidden, keep_text) -> pa.Table:
@@ -72,7 +50,7 @@ def gen_table(fins, by_id, ref_len, max_tokens, names, layers, hidden, keep_text
     ]
     cols = list(rows)
     for n in names:
-        arrays.append(vec_array(vecs[n], hidden))
+        arrays.append(vector_array(vecs[n], hidden))
         cols.append(n)
     return pa.table(arrays, names=cols)
 
@@ -91,7 +69,7 @@ def dec_table(fins, hidden) -> pa.Table:
         "request_id": pa.array(rid, pa.string()),
         "generated_tokens": pa.array(gen, pa.int32()),
         "layer": pa.array(layer, pa.int16()),
-        "vector": vec_array(vecs, hidden),
+        "vector": vector_array(vecs, hidden),
     })
 
 
@@ -125,10 +103,10 @@ def feat_table(cols: dict, hidden: int) -> pa.Table:
         if k == "request_id" or not v:
             continue
         if k == "text_embedding":
-            arrays.append(vec_array(v, ENC_DIM, np.float32))
+            arrays.append(vector_array(v, ENC_DIM, np.float32))
         elif k.startswith("check_"):
-            arrays.append(vec_array(v, hidden, np.float32))
+            arrays.append(vector_array(v, hidden, np.float32))
         else:
-            arrays.append(vec_array(v, hidden))
+            arrays.append(vector_array(v, hidden))
         names.append(k)
     return pa.table(arrays, names=names)

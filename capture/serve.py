@@ -239,7 +239,7 @@ def check_kv(reqs: list[ServeRequest], max_resident: int, blocks: int, block_siz
 def planned_arrivals(args, n: int, rate: float | None) -> tuple[np.ndarray, str]:
     """Arrival offsets (s) of the n requests, in submission order, and a description. Poisson
     uses the simulator's generator (same seed and rate -> the same times as ``simulate``)."""
-    from simulator.workload import read_timestamps_csv, rescale_to_rate
+    from core.arrivals import read_timestamps_csv, rescale_to_rate
 
     if args.arrivals == "poisson":
         rng = np.random.default_rng(args.seed)
@@ -266,7 +266,7 @@ def capacity_key(desc: dict) -> str:
 
 
 def read_capacity(key: str) -> dict | None:
-    from simulator.io import cache_dir
+    from core.io import cache_dir
 
     f = cache_dir() / CAPACITY_FILE
     try:
@@ -276,7 +276,7 @@ def read_capacity(key: str) -> dict | None:
 
 
 def write_capacity(key: str, entry: dict) -> None:
-    from simulator.io import atomic_write_json, cache_dir
+    from core.io import atomic_write_json, cache_dir
 
     f = cache_dir() / CAPACITY_FILE
     try:
@@ -313,7 +313,7 @@ def serve_main(argv) -> int:
         raise CaptureError("--sample needs --requests N")
     load = None
     if args.load is not None:
-        from simulator.workload import parse_load
+        from core.arrivals import parse_load
         try:
             load = parse_load(args.load)
         except ValueError as e:
@@ -366,7 +366,7 @@ def serve_main(argv) -> int:
     engine_overrides = scheduler_engine_args(live)
 
     # ---- source trace and model
-    from simulator.trace import TraceError, load_trace
+    from core.trace import TraceError, load_trace
 
     try:
         src = load_trace(args.source)
@@ -625,8 +625,10 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
             _write_sched_part(store, sched)
         sched_table = _read_sched_parts(store)
         if sched_table is not None:  # side tables before the trace (finalize writes it last)
-            from .store import atomic_write_table, side_path
-            atomic_write_table(sched_table, side_path(out, "sched"),
+            from core.trace import side_table_path
+
+            from .store import atomic_write_table
+            atomic_write_table(sched_table, side_table_path(out, "sched"),
                                {"schema_version": 1, "table": "sched", "trace": out.name,
                                 "source": "live scheduler leap_stats(), one row per entry; run = segment"})
         steps = store.read("steps")
@@ -676,7 +678,7 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
         if fresh and store.dir.is_dir() and not store.done_ids("gen"):
             store.discard()
         raise
-    from simulator.trace import TraceError, load_trace
+    from core.trace import TraceError, load_trace
     try:
         load_trace(out)
     except TraceError as e:  # a bug, not bad input: the writer broke the contract
@@ -695,13 +697,12 @@ def scheduler_stats(engine) -> dict | None:
 
 def _write_sched_part(store, stats: dict) -> None:
     import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    from core.io import atomic_write_parquet
 
     table = pa.table({**{k: pa.array(v) for k, v in stats.items()},
                       "run": pa.array([store.run] * len(next(iter(stats.values()), [])), pa.int32())})
-    tmp = store.dir / f".sched-{store.run:03d}.parquet.tmp"
-    pq.write_table(table, tmp)
-    os.replace(tmp, store.dir / f"sched-{store.run:03d}.parquet")
+    atomic_write_parquet(store.dir / f"sched-{store.run:03d}.parquet", table, compression="snappy")
 
 
 def _read_sched_parts(store):
@@ -747,9 +748,9 @@ def _file_ref(path: str | None) -> str | None:
 
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
+    from core.io import atomic_write_bytes
+
+    atomic_write_bytes(path, json.dumps(obj).encode())
 
 
 def _host() -> str:

@@ -12,7 +12,7 @@ Every part is written to a temporary name and renamed, so a kill leaves only who
 request counts as done once its ``gen`` row exists; decode rows are written *before* the gen part
 and rows of requests without a gen row are dropped when reading, so nothing is lost or duplicated.
 ``finalize`` writes ``NAME.decode.parquet``, ``NAME.steps.parquet`` and then ``NAME.parquet``
-(each temp + os.replace) and removes the parts folder.  A later run with ``--resume`` on a finished
+(each atomically: ``core.io``) and removes the parts folder.  A later run with ``--resume`` on a finished
 trace seeds a new parts folder from the final files, so a trace can also be extended.
 """
 
@@ -26,16 +26,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from core.io import atomic_write_bytes, atomic_write_parquet
+from core.trace import METADATA_KEY, side_table_path
+
 from . import CaptureError
 
-META_KEY = b"leap.trace"
 KINDS = ("gen", "dec", "steps", "feat")
-
-
-def side_path(out: Path, name: str) -> Path:
-    out = Path(out)
-    stem = out.name[: -len(".parquet")] if out.name.endswith(".parquet") else out.name
-    return out.with_name(f"{stem}.{name}.parquet")
 
 
 def check_output_trace(out: Path, what: str) -> None:
@@ -45,7 +41,7 @@ def check_output_trace(out: Path, what: str) -> None:
         raise CaptureError(f"{what} must name a .parquet file: {out}")
     if not out.parent.is_dir():
         raise CaptureError(f"output folder does not exist: {out.parent}")
-    for target in (out, side_path(out, "decode"), side_path(out, "steps")):
+    for target in (out, side_table_path(out, "decode"), side_table_path(out, "steps")):
         if target.is_dir():
             raise CaptureError(f"{what}: {target} is a folder")
     if not os.access(out.parent, os.W_OK):
@@ -53,20 +49,12 @@ def check_output_trace(out: Path, what: str) -> None:
 
 
 def atomic_write_table(table: pa.Table, path: Path, metadata: dict | None = None) -> None:
-    path = Path(path)
+    """A trace file (or side table) with its ``leap.trace`` metadata, in the trace encodings."""
     if metadata is not None:
         md = dict(table.schema.metadata or {})
-        md[META_KEY] = json.dumps(metadata, sort_keys=True).encode()
+        md[METADATA_KEY] = json.dumps(metadata, sort_keys=True).encode()
         table = table.replace_schema_metadata(md)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        pq.write_table(table, tmp, **write_options(table.schema))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic_write_parquet(Path(path), table, **write_options(table.schema))
 
 
 def write_options(schema: pa.Schema) -> dict:
@@ -90,15 +78,10 @@ def repack(path: Path) -> None:
         t = pq.read_table(path)
     except (OSError, pa.ArrowException) as e:
         raise CaptureError(f"cannot read {path} as Parquet: {str(e).splitlines()[0]}") from None
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        pq.write_table(t, tmp, **write_options(t.schema))
-        os.replace(tmp, path)
+        atomic_write_parquet(Path(path), t, **write_options(t.schema))
     except (OSError, pa.ArrowException) as e:
         raise CaptureError(f"cannot rewrite {path}: {e.strerror if isinstance(e, OSError) and e.strerror else e}") from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 class PartStore:
@@ -138,8 +121,9 @@ class PartStore:
     def open(self, config: dict, resume: bool) -> None:
         """Create or reopen the parts folder; on resume check the configuration matches."""
         stem = self.out.name[: -len(".parquet")] if self.out.name.endswith(".parquet") else self.out.name
-        for tmp in self.out.parent.glob(f".{stem}.*.tmp-*"):  # left by a kill during finalize
-            tmp.unlink(missing_ok=True)
+        for pattern in (f".{stem}.*.tmp", f".{stem}.*.tmp-*"):   # left by a kill during finalize
+            for tmp in self.out.parent.glob(pattern):               # (the second: older versions)
+                tmp.unlink(missing_ok=True)
         if not resume:
             if self.dir.exists():
                 shutil.rmtree(self.dir)
@@ -169,9 +153,7 @@ class PartStore:
         self.run = max(runs) + 1 if runs else 0
 
     def _write_config(self, config: dict) -> None:
-        tmp = self.dir / ".config.json.tmp"
-        tmp.write_text(json.dumps(config, sort_keys=True, indent=1))
-        os.replace(tmp, self.dir / "config.json")
+        atomic_write_bytes(self.dir / "config.json", json.dumps(config, sort_keys=True, indent=1).encode())
 
     def _seed_from_final(self, config: dict) -> None:
         meta = read_meta(self.out)
@@ -194,7 +176,7 @@ class PartStore:
         if featcols:
             pq.write_table(t.select(["request_id", *featcols]), tmpdir / "feat-000-00000.parquet")
         for kind, name in (("dec", "decode"), ("steps", "steps")):
-            sp = side_path(self.out, name)
+            sp = side_table_path(self.out, name)
             if sp.exists():
                 pq.write_table(pq.read_table(sp).replace_schema_metadata(None),
                                tmpdir / f"{kind}-000-00000.parquet")
@@ -214,11 +196,7 @@ class PartStore:
             return
         name = f"{kind}-{self.run:03d}-{self.seq:05d}.parquet"
         self.seq += 1
-        tmp = self.dir / f".{name}.tmp"
-        pq.write_table(table, tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, self.dir / name)
+        atomic_write_parquet(self.dir / name, table, compression="snappy")
 
     # -------------------------------------------------------------- reading
     def read(self, kind: str) -> pa.Table | None:
@@ -252,18 +230,12 @@ def dedupe_first(table: pa.Table, keys: list[str]) -> pa.Table:
     return table.take(pa.array(keep, type=pa.int64()))
 
 
-def is_complete(meta: dict) -> bool:
-    """A trace is complete unless its metadata says ``complete: false`` (a partial recording);
-    traces written before the flag existed are complete."""
-    return meta.get("complete", True) is not False
-
-
 def read_meta(path: Path) -> dict:
     try:
         md = pq.read_schema(path).metadata or {}
     except Exception as e:  # noqa: BLE001
         raise CaptureError(f"cannot read {path}: {e}") from None
-    raw = md.get(META_KEY)
+    raw = md.get(METADATA_KEY)
     if raw is None:
         raise CaptureError(f"{path}: no leap.trace metadata")
     return json.loads(raw)

@@ -90,7 +90,8 @@ class LeapRLSLive(LeapLive):
 
     def __init__(self, cfg: LiveSchedulerConfig):
         super().__init__(cfg)
-        from predictors.leap import AnchoredRLS, get_target
+        from core.readout import get_target
+        from predictors.leap import AnchoredRLS
 
         self.update_every = cfg.update_every
         self._target = get_target(self.readout.target)
@@ -121,7 +122,7 @@ class LeapRLSLive(LeapLive):
             self._buf_z, self._buf_y = [], []
 
     def _work(self) -> None:
-        from predictors.leap import with_bias
+        from core.readout import with_bias
 
         version = 0
         while True:

@@ -47,7 +47,7 @@ class ReadoutFile:
 
 
 def _linear_readout(f: ReadoutFile):
-    from predictors.leap import LinearReadout
+    from core.readout import LinearReadout
 
     i = f.info
     return LinearReadout(mean=f.mean, scale=f.scale, theta=f.theta, target=i["target"], cap=i["cap"],
@@ -57,9 +57,9 @@ def _linear_readout(f: ReadoutFile):
 
 def export_readout(train: str, out: str | Path) -> ReadoutFile:
     """Fit (or load from the fit cache) LEAP's read-out on ``train`` and write it to ``out`` atomically."""
-    from predictors.leap import DEFAULT_TARGET, fit_readout
-    from simulator.io import atomic_write_bytes
-    from simulator.trace import load_trace
+    from core.readout import DEFAULT_TARGET, fit_readout
+    from core.io import atomic_write_bytes
+    from core.trace import load_trace
 
     trace = load_trace(train)
     readout, gram = fit_readout(trace, HOOK_FEATURE, DEFAULT_TARGET, want_gram=True)
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train", default="lmsys", help="training trace (bundled name or path)")
     ap.add_argument("--out", required=True, help="output .npz")
     args = ap.parse_args(argv)
-    from simulator.trace import TraceError
+    from core.trace import TraceError
 
     try:
         f = export_readout(args.train, args.out)

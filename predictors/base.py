@@ -23,7 +23,7 @@ from typing import Callable, ClassVar, Literal
 
 import numpy as np
 
-from simulator.trace import Trace
+from core.trace import Trace
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class Predictor(ABC):
         """Attach the run's requests (row i = request i of the run). Called once per run."""
         missing = [c for c in self.requires if not workload.has_feature(c)]
         if missing:
-            from simulator.trace import TraceError
+            from core.trace import TraceError
             raise TraceError(f"predictor {self.name!r} needs trace column(s) {', '.join(missing)}, "
                              f"which trace {workload.name!r} does not have")
         self.workload = workload

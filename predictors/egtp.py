@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.trace import Trace
 from predictors.base import PredictorCost
 from predictors.gpu_cost import describe_cost, egtp_cost
 from predictors.heads import (Artifact, HeadPredictor, act, dropout, layernorm, linear, new_artifact,
                               softmax)
-from simulator.trace import Trace
 
 METHOD = "egtp"
 VERSION = 1

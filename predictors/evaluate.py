@@ -30,10 +30,10 @@ from typing import Iterable
 import numpy as np
 import pyarrow as pa
 
+from core.metrics import bucket_counts, rank_metrics
+from core.trace import Trace, TraceError, bundled_trace_names, load_trace, traces_dir
 from predictors import PREDICTORS, make_predictor
 from predictors.base import Predictor, PredictorOptions
-from predictors.metrics import bucket_counts, rank_metrics
-from simulator.trace import Trace, TraceError, bundled_trace_names, load_trace, traces_dir
 
 DEFAULT_PREDICTORS = ("leap", "leap-rls")
 ABLATIONS = ("target", "layer")
@@ -127,7 +127,7 @@ def feature_columns(trace: Trace) -> list[str]:
 
 
 def ablation_target(train: Trace, traces: list[Trace]) -> list[dict]:
-    from predictors.leap import DEFAULT_COLUMN, TARGETS, fit_readout
+    from core.readout import DEFAULT_COLUMN, TARGETS, fit_readout
 
     rows = []
     for target in TARGETS:
@@ -147,7 +147,7 @@ def ablation_target(train: Trace, traces: list[Trace]) -> list[dict]:
 
 def ablation_layer(train: Trace, traces: list[Trace]) -> list[dict] | None:
     """None when the training trace has fewer than two feature columns."""
-    from predictors.leap import fit_readout
+    from core.readout import fit_readout
 
     columns = feature_columns(train)
     if len(columns) < 2:
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0) if not isinstance(exc.code, str) else 2
     try:
         return run(args)
-    except BrokenPipeError:   # a closed output pipe: simulator.entry ends quietly
+    except BrokenPipeError:   # a closed output pipe: experiments.entry ends quietly
         raise
     except (TraceError, ValueError, OSError) as exc:
         print(f"evaluate-predictors: error: {exc}", file=sys.stderr)

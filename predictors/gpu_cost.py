@@ -1,6 +1,6 @@
 """GPU cost of the baseline predictors on the serving GPU, from FLOPs and bytes.
 
-Same constants as the default engine (:mod:`simulator.profiles.roofline`): an H100 SXM (3.35 TB/s
+Same constants as the default engine (:mod:`core.hardware`, which the roofline profile uses): an H100 SXM (3.35 TB/s
 HBM, 989 TFLOP/s bf16 dense) at the fitted efficiencies (HBM 0.70 -> 2.345 TB/s, tensor cores
 0.64 -> 633 TFLOP/s), bf16 weights, and the engine's eager-mode dispatch figure of 0.1 ms per
 transformer layer (about a dozen kernels of ~8.3 us each).
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.hardware import (BF16_BYTES, EAGER_S_PER_LAYER, FLOP_EFFICIENCY, GPU, H100, HBM_EFFICIENCY, QWEN3_8B,
+                           ModelShape)
 from predictors.base import PredictorCost
-from simulator.profiles.roofline import (BF16_BYTES, EAGER_S_PER_LAYER, FLOP_EFFICIENCY, H100,
-                                         HBM_EFFICIENCY, QWEN3_8B, GPU, ModelShape)
 
 KERNEL_S = EAGER_S_PER_LAYER / 12.0   # ~8.3 us: one eager kernel dispatch
 

@@ -33,9 +33,9 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
+from core.io import atomic_write_bytes, cache_dir
+from core.trace import Trace, load_trace
 from predictors.base import Predictor, PredictorOptions
-from simulator.io import atomic_write_bytes, cache_dir
-from simulator.trace import Trace, load_trace
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 META_KEY = "__meta__"

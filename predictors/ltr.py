@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.trace import Trace
 from predictors.base import PredictorCost
 from predictors.gpu_cost import OPT_125M, describe_cost, encoder_cost
 from predictors.heads import Artifact, HeadPredictor, act, linear, new_artifact
-from simulator.trace import Trace
 
 METHOD = "ltr"
 VERSION = 1

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.trace import Trace
 from predictors.base import PredictorCost
 from predictors.gpu_cost import BERT_BASE, describe_cost, encoder_cost
 from predictors.heads import Artifact, HeadPredictor, act, linear, new_artifact, softmax
-from simulator.trace import Trace
 
 METHOD = "ssjf"
 VERSION = 1

@@ -53,10 +53,10 @@ from functools import lru_cache
 
 import numpy as np
 
+from core.trace import Trace
 from predictors.base import PredictorCost, PredictorOptions
 from predictors.gpu_cost import DEBERTA_V3_BASE, describe_cost, encoder_cost
 from predictors.heads import Artifact, HeadPredictor, act, dropout, layernorm, linear, new_artifact
-from simulator.trace import Trace
 
 METHOD = "tie"
 VERSION = 1

@@ -55,10 +55,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.trace import Trace, TraceError
 from predictors.base import PredictorCost, PredictorOptions
 from predictors.gpu_cost import DISTILBERT_BASE, describe_cost, encoder_cost, trail_refresh_s
 from predictors.heads import Artifact, HeadPredictor, act, linear, new_artifact, softmax
-from simulator.trace import Trace, TraceError
 
 METHOD = "trail"
 VERSION = 1

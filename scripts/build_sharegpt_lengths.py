@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from capture.model import DEFAULT_MODEL_DIR, model_id, model_revision  # noqa: E402
 from capture.prompts import load_sharegpt  # noqa: E402
-from simulator.io import atomic_write_parquet  # noqa: E402
-from simulator.trace import load_trace, trace_metadata  # noqa: E402
+from core.io import atomic_write_parquet  # noqa: E402
+from core.trace import load_trace, trace_metadata  # noqa: E402
 
 SKIP = 2000
 CAP = 2048

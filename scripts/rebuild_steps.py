@@ -2,7 +2,7 @@
 
     python scripts/rebuild_steps.py traces/lmsys.parquet traces/alpaca.parquet ...   (rerunnable)
 
-The logic and its documentation live in ``simulator/steps_rebuild.py``.
+The logic and its documentation live in ``experiments/steps_rebuild.py``.
 """
 
 import sys
@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from simulator.steps_rebuild import main  # noqa: E402
+from experiments.steps_rebuild import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -23,8 +23,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from core.trace import load_trace  # noqa: E402
 from predictors.heads import WEIGHTS_DIR, Artifact, artifact_key, load_artifact  # noqa: E402
-from simulator.trace import load_trace  # noqa: E402
 
 
 def main(argv=None) -> int:

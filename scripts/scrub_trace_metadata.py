@@ -25,8 +25,8 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from capture.store import META_KEY, atomic_write_table  # noqa: E402
-from simulator.trace import trace_content_hash  # noqa: E402
+from capture.store import atomic_write_table  # noqa: E402
+from core.trace import METADATA_KEY, trace_content_hash  # noqa: E402
 
 DROPPED = ("model_path",)
 
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     for path in args.traces:
         before = pq.read_table(path)
-        meta = json.loads(before.schema.metadata[META_KEY])
+        meta = json.loads(before.schema.metadata[METADATA_KEY])
         if meta.get("table") in ("decode", "steps"):
             continue
         new = scrub(meta)

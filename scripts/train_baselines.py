@@ -25,10 +25,10 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
+from core.metrics import kendall_tau_b, spearman  # noqa: E402
+from core.trace import TraceError, load_trace  # noqa: E402
 from predictors import PREDICTORS  # noqa: E402
 from predictors.heads import WEIGHTS_DIR, merged_settings, resolve_artifact  # noqa: E402
-from predictors.metrics import kendall_tau_b, spearman  # noqa: E402
-from simulator.trace import TraceError, load_trace  # noqa: E402
 
 BASELINES = ("tie", "ssjf", "ltr", "trail", "egtp")
 

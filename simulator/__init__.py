@@ -1,1 +1,1 @@
-"""SimPy replay simulator of a vLLM-like serving engine: trace contract, engine, profiles, CLI."""
+"""SimPy replay simulator of a vLLM-like serving engine: engine, profiles, workload and one run."""

@@ -20,11 +20,11 @@ from typing import Callable
 import numpy as np
 import simpy
 
+from core.trace import Trace
 from policies.base import Policy, SchedulerView
 from policies.selection import choose_decodes
 from predictors.base import PendingUpdate, Predictor
 from simulator.profiles.base import EngineProfile
-from simulator.trace import Trace
 
 NOT_YET = np.nan
 

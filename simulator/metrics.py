@@ -54,7 +54,7 @@ def requests_table(result: RunResult) -> pa.Table:
 
 
 def prediction_quality(predicted: np.ndarray, true: np.ndarray, output_kind: str = "length") -> dict:
-    from predictors.metrics import kendall_tau_b, mae_by_bucket, pairwise_order_accuracy, spearman
+    from core.metrics import kendall_tau_b, mae_by_bucket, pairwise_order_accuracy, spearman
 
     mask = np.isfinite(predicted)
     out = {"spearman": None, "kendall_tau": None, "pairwise_accuracy": None, "mae": None,

@@ -11,8 +11,8 @@ a KV cache (kv_blocks x kv_block_size) that cannot hold one max_model_len sequen
 
 from __future__ import annotations
 
+from core.trace import Trace
 from simulator.engine import EngineConfig
-from simulator.trace import Trace
 
 VLLM_DEFAULT_MAX_NUM_SEQS = 256
 VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048

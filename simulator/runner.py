@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from core.trace import Trace, load_trace, trace_reference
 from policies import make_policy
 from predictors import make_predictor
 from predictors.base import PredictorOptions
@@ -17,13 +18,12 @@ from simulator.engine import EngineConfig, RunResult, Simulation
 from simulator.metrics import summarize
 from simulator.preset import recorded_engine_config, recorded_window
 from simulator.profiles import DEFAULT_PROFILE, make_profile
-from simulator.trace import Trace, load_trace, trace_reference
 from simulator.workload import ArrivalSpec, make_arrivals, measure_capacity
 
 NO_PREDICTOR = "none"
 #: Largest seed: results tables store it as a Parquet int64.
 MAX_SEED = 2**63 - 1
-_CODE_PACKAGES = ("simulator", "policies", "predictors")
+_CODE_PACKAGES = ("core", "policies", "predictors", "simulator")
 
 
 @lru_cache(maxsize=1)

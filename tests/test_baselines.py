@@ -17,14 +17,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from core.metrics import kendall_tau_b, spearman
+from core.trace import load_trace, trace_from_arrays, trace_metadata, traces_dir
 from policies import make_policy
 from policies.base import SchedulerView
 from predictors import make_predictor
 from predictors.base import PredictorOptions
-from predictors.metrics import kendall_tau_b, spearman
 from simulator.engine import EngineConfig, Simulation
 from simulator.profiles import make_profile
-from simulator.trace import load_trace, trace_from_arrays, trace_metadata, traces_dir
 from simulator.workload import ArrivalSpec, make_arrivals, measure_capacity
 
 BASELINES = ("tie", "ssjf", "ltr", "trail", "egtp")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from simulator.trace import bundled_trace_names, load_trace, trace_from_arrays, trace_metadata
+from core.trace import bundled_trace_names, load_trace, trace_from_arrays, trace_metadata
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,11 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from simulator.cli import main
+from core.trace import load_trace, trace_from_arrays
+from experiments.cli import main
 from simulator.engine import EngineConfig
 from simulator.profiles import make_profile
 from simulator.profiles.unit import UnitProfile
-from simulator.trace import load_trace, trace_from_arrays
 from simulator.workload import capacity_key, measure_capacity
 
 TRACE = "sharegpt-lengths"

@@ -114,7 +114,7 @@ def _check_against_hf(trace_path: Path, ref, tol=1e-3):
 def _validate(path: Path):
     if importlib.util.find_spec("simulator") is None and not (ROOT / "simulator" / "trace.py").exists():
         return None
-    from simulator.trace import load_trace
+    from core.trace import load_trace
 
     return load_trace(path)
 

@@ -21,15 +21,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from capture.cli import main  # noqa: E402
-from capture.store import META_KEY, atomic_write_table, read_meta, side_path  # noqa: E402
+from capture.store import atomic_write_table, read_meta  # noqa: E402
+from core.trace import METADATA_KEY, side_table_path  # noqa: E402
 
 SOURCE = ROOT / "traces" / "alpaca.parquet"
 pytestmark = pytest.mark.skipif(not SOURCE.is_file(), reason=f"{SOURCE} not recorded yet")
 
 
 def _side(path: Path, name: str):
-    t = pq.read_table(side_path(path, name))
-    return t, json.loads(t.schema.metadata[META_KEY])
+    t = pq.read_table(side_table_path(path, name))
+    return t, json.loads(t.schema.metadata[METADATA_KEY])
 
 
 def _write_shard(out: Path, rows: slice, meta_changes=None, steps_columns=None):
@@ -48,10 +49,10 @@ def _write_shard(out: Path, rows: slice, meta_changes=None, steps_columns=None):
     for name, arr in (steps_columns or {}).items():
         steps = steps.append_column(name, arr(steps.num_rows))
     meta = {**meta, "num_requests": main_t.num_rows, "complete": True, "planned_requests": main_t.num_rows,
-            "side_tables": {"decode": side_path(out, "decode").name, "steps": side_path(out, "steps").name},
+            "side_tables": {"decode": side_table_path(out, "decode").name, "steps": side_table_path(out, "steps").name},
             **(meta_changes or {})}
-    atomic_write_table(dec.replace_schema_metadata(None), side_path(out, "decode"), dict(dec_meta, trace=out.name))
-    atomic_write_table(steps.replace_schema_metadata(None), side_path(out, "steps"), dict(steps_meta, trace=out.name))
+    atomic_write_table(dec.replace_schema_metadata(None), side_table_path(out, "decode"), dict(dec_meta, trace=out.name))
+    atomic_write_table(steps.replace_schema_metadata(None), side_table_path(out, "steps"), dict(steps_meta, trace=out.name))
     atomic_write_table(main_t.replace_schema_metadata(None), out, meta)
     return main_t.num_rows
 
@@ -81,7 +82,7 @@ def test_merge_rebuilds_the_recording(tmp_path):
     assert len(meta["runs"]) == 2 * len(read_meta(SOURCE)["runs"])
     assert meta["side_tables"] == {"decode": "t.decode.parquet", "steps": "t.steps.parquet"}
 
-    from simulator.trace import load_trace   # the merged file passes the trace contract's validator
+    from core.trace import load_trace   # the merged file passes the trace contract's validator
     trace = load_trace(out)
     assert len(trace) == source.num_rows
     np.testing.assert_array_equal(trace.output_tokens, load_trace(SOURCE).output_tokens)
@@ -111,13 +112,13 @@ def test_merge_bad_input_exits_2(tmp_path, capsys, case):
     if case == "out_is_folder":
         out.mkdir()
     if case == "corrupt_side":
-        side_path(b, "steps").write_bytes(b"PAR1 truncated")
+        side_table_path(b, "steps").write_bytes(b"PAR1 truncated")
     args = ["merge", str(out), str(a)] + ([] if case == "one_input" else [str(b)])
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("capture-traces: error:"), err
     assert (out.is_dir() if case == "out_is_folder" else not out.exists())
-    assert not side_path(out, "decode").exists() and not side_path(out, "steps").exists()
+    assert not side_table_path(out, "decode").exists() and not side_table_path(out, "steps").exists()
 
 
 def test_merge_keeps_newer_step_columns(tmp_path):

@@ -16,10 +16,11 @@ sys.path.insert(0, str(ROOT))
 
 from capture import CaptureError  # noqa: E402
 from capture.cli import main  # noqa: E402
-from capture.report import out_of_fold_predictions, signal_rows  # noqa: E402
-from predictors.leap import CV_FOLDS, CV_SEED, Leap, fit_readout  # noqa: E402
-from predictors.metrics import spearman  # noqa: E402
-from simulator.trace import METADATA_KEY, load_trace, trace_from_arrays  # noqa: E402
+from capture.report import signal_rows  # noqa: E402
+from core.metrics import spearman  # noqa: E402
+from core.readout import CV_FOLDS, CV_SEED, fit_readout, out_of_fold_predictions  # noqa: E402
+from core.trace import METADATA_KEY, load_trace, trace_from_arrays  # noqa: E402
+from predictors.leap import Leap  # noqa: E402
 
 D = 12
 

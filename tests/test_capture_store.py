@@ -95,7 +95,7 @@ def test_kill_duplicates_and_strays_are_resolved(tmp_path):
     meta = json.loads(t.schema.metadata[b"leap.trace"])
     assert meta["prefill_pass_columns"] == ["feat_mean", "feat_entropy_pooled", "text_embedding"]
     try:
-        from simulator.trace import load_trace
+        from core.trace import load_trace
     except ImportError:
         return
     tr = load_trace(out)

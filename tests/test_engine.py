@@ -8,17 +8,18 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from core.arrivals import parse_load, read_timestamps_csv
+from core.hardware import A100_80GB, LLAMA3_8B
+from core.trace import load_trace, trace_from_arrays
 from policies import make_policy
 from predictors import make_predictor
 from predictors.base import Predictor, PredictorCost, PredictorOptions
 from simulator.engine import EngineConfig, Simulation
 from simulator.profiles import make_profile
 from simulator.profiles.fitted import FittedProfile
-from simulator.profiles.roofline import A100_80GB, LLAMA3_8B, RooflineProfile
+from simulator.profiles.roofline import RooflineProfile
 from simulator.profiles.unit import UnitProfile
-from simulator.trace import load_trace, trace_from_arrays
-from simulator.workload import (ArrivalSpec, make_arrivals, measure_capacity, parse_load,
-                                read_timestamps_csv)
+from simulator.workload import ArrivalSpec, make_arrivals, measure_capacity
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 

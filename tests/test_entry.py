@@ -63,7 +63,7 @@ def probe(tmp_path, name: str, env_extra: dict | None = None) -> dict:
 
 def test_every_console_script_goes_through_the_entry_module():
     assert set(SCRIPTS) == {"simulate", "capture-traces", "evaluate-predictors", "leap-report", "leap-validate"}
-    assert all(target.startswith("simulator.entry:") for target in SCRIPTS.values()), SCRIPTS
+    assert all(target.startswith("experiments.entry:") for target in SCRIPTS.values()), SCRIPTS
 
 
 @pytest.mark.parametrize("name", ["simulate", "evaluate-predictors", "leap-report", "leap-validate"])
@@ -92,7 +92,7 @@ def test_a_thread_count_the_user_exported_wins(tmp_path):
 
 def test_closed_output_pipe_ends_quietly(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LEAP_CACHE_DIR": str(tmp_path / "cache")}
-    command = (f"set -o pipefail; {sys.executable} -c 'import sys; from simulator.entry import simulate; "
+    command = (f"set -o pipefail; {sys.executable} -c 'import sys; from experiments.entry import simulate; "
                "sys.exit(simulate())' --trace sharegpt-lengths --requests 60 --predictor none,oracle "
                "--load 1x,2x --jobs 1 --json | true")
     proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
@@ -107,7 +107,7 @@ def test_results_do_not_depend_on_the_machine_thread_default(tmp_path):
     def run(extra):
         env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
         env.update(extra, PYTHONPATH=str(ROOT), LEAP_CACHE_DIR=str(tmp_path / "cache"))
-        proc = subprocess.run([sys.executable, "-c", "import sys; from simulator.entry import simulate; "
+        proc = subprocess.run([sys.executable, "-c", "import sys; from experiments.entry import simulate; "
                                "sys.exit(simulate())", "--trace", "sharegpt", "--predictor", "ltr", "--load", "1.5x",
                                "--json"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
         assert proc.returncode == 0, proc.stderr[-2000:]

@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from core.trace import trace_from_arrays, trace_metadata
 from predictors.evaluate import main
-from simulator.trace import trace_from_arrays, trace_metadata
 
 
 @pytest.fixture(autouse=True)

@@ -19,12 +19,12 @@ def _cache(tmp_path_factory, monkeypatch):
 def test_golden_file_covers_every_available_run():
     stored = json.loads(golden.GOLDEN_PATH.read_text())["runs"]
     missing = [golden.run_id(r) for r in golden.available_runs() if golden.run_id(r) not in stored]
-    assert not missing, f"golden runs not recorded yet, run `python -m simulator.golden --update`: {missing}"
+    assert not missing, f"golden runs not recorded yet, run `python -m experiments.golden --update`: {missing}"
 
 
 def test_golden_figures_match():
     failures = golden.check()
-    assert not failures, "results moved; if intended, run `python -m simulator.golden --update`:\n" + \
+    assert not failures, "results moved; if intended, run `python -m experiments.golden --update`:\n" + \
         "\n".join(f"{k}: {v}" for k, v in failures.items())
 
 

@@ -27,6 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from core.trace import load_trace, trace_from_arrays
 from policies import make_policy
 from policies.base import Policy
 from predictors.base import Predictor
@@ -35,7 +36,6 @@ from predictors.oracle import Oracle
 from simulator.engine import EngineConfig, RunResult, Simulation
 from simulator.profiles import make_profile
 from simulator.profiles.base import EngineProfile
-from simulator.trace import load_trace, trace_from_arrays
 from simulator.workload import ArrivalSpec, make_arrivals
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

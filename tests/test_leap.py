@@ -11,14 +11,14 @@ import math
 import numpy as np
 import pytest
 
+from core.metrics import spearman
+from core.readout import (ALPHA_GRID, LinearReadout, fit_readout, get_target, ridge_fit, select_alpha,
+                          standardization_stats, standardize, with_bias)
+from core.trace import TraceError, trace_from_arrays
 from predictors import PREDICTORS, make_predictor
 from predictors.base import PendingUpdate, PredictorOptions
 from predictors.evaluate import stream_predictions
-from predictors.leap import (ALPHA_GRID, AnchoredRLS, Leap, LeapRLS, LinearReadout, fit_readout,
-                             get_target, prediction_cpu_s, ridge_fit, rls_update_cpu_s, select_alpha,
-                             standardization_stats, standardize, with_bias)
-from predictors.metrics import spearman
-from simulator.trace import TraceError, trace_from_arrays
+from predictors.leap import AnchoredRLS, Leap, LeapRLS, prediction_cpu_s, rls_update_cpu_s
 
 
 @pytest.fixture(autouse=True)

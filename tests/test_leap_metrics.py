@@ -1,4 +1,4 @@
-"""predictors.metrics: hand-computed values and brute force on small inputs."""
+"""core.metrics: hand-computed values and brute force on small inputs."""
 
 import os
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from predictors.metrics import (average_ranks, bucket_counts, kendall_tau_b, mae_by_bucket,
+from core.metrics import (average_ranks, bucket_counts, kendall_tau_b, mae_by_bucket,
                                 pairwise_order_accuracy, rank_metrics, spearman)
 
 

@@ -19,10 +19,10 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np
 import pytest
 
+from core.metrics import spearman
+from core.trace import bundled_trace_names, load_trace, traces_dir
 from predictors.evaluate import stream_predictions
 from predictors.leap import Leap, LeapRLS
-from predictors.metrics import spearman
-from simulator.trace import bundled_trace_names, load_trace, traces_dir
 
 TRAIN = "lmsys"
 MAX_ROWS = 4000          # keep the streamed evaluation to a few seconds

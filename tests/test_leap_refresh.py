@@ -7,11 +7,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from core.trace import load_trace, trace_metadata
 from policies import make_policy
 from predictors.leap import Leap, LeapRLS, fit_decode_readout
 from simulator.engine import EngineConfig, Simulation
 from simulator.profiles import make_profile
-from simulator.trace import load_trace, trace_metadata
 
 D, EVERY, LAYER = 16, 8, 5
 
@@ -94,7 +94,7 @@ def test_refresh_in_simulation_costs_gpu_time_and_frozen_leap_does_not(traces):
 
 
 def test_refresh_needs_decode_table(traces, tmp_path):
-    from simulator.trace import TraceError
+    from core.trace import TraceError
 
     train, serve = traces
     bare = tmp_path / "bare.parquet"

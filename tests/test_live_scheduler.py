@@ -154,7 +154,7 @@ def simulated_finish_steps(policy: str, lengths, prompts, *, max_resident, decod
     from predictors.oracle import Oracle
     from simulator.engine import EngineConfig, Simulation
     from simulator.profiles import make_profile
-    from simulator.trace import trace_from_arrays
+    from core.trace import trace_from_arrays
 
     n = len(lengths)
     trace = trace_from_arrays("live-check", np.array([len(p) for p in prompts]), np.array(lengths),
@@ -321,7 +321,7 @@ def _lmsys_prompts(n: int):
     import itertools
 
     from capture.prompts import load_lmsys
-    from simulator.trace import load_trace
+    from core.trace import load_trace
 
     try:
         prompts = list(itertools.islice(load_lmsys(), n))

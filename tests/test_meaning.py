@@ -9,13 +9,13 @@ import dataclasses
 import numpy as np
 import pytest
 
+from core.trace import trace_from_arrays
 from policies.fcfs import FCFS
 from simulator.engine import EngineConfig, Simulation, SimulationStalled
 from simulator.metrics import summarize
 from simulator.profiles import make_profile
 from simulator.profiles.roofline import RooflineProfile
 from simulator.profiles.unit import UnitProfile
-from simulator.trace import trace_from_arrays
 
 
 def hand_run():
@@ -89,11 +89,11 @@ def test_default_profile_is_pinned(args, seconds):
 
 @pytest.mark.parametrize("change", [{"hbm_efficiency": 0.70 * 1.05}, {"flop_efficiency": 0.64 * 1.05}])
 def test_a_five_percent_efficiency_change_moves_the_pinned_points(change):
-    from simulator.profiles import roofline
+    from core import hardware
 
     default = make_profile("qwen3-8b-h100")
     assert isinstance(default, RooflineProfile)
-    assert (roofline.HBM_EFFICIENCY, roofline.FLOP_EFFICIENCY) == (0.70, 0.64)
+    assert (hardware.HBM_EFFICIENCY, hardware.FLOP_EFFICIENCY) == (0.70, 0.64)
     changed = RooflineProfile(default.model, default.gpu, eager=default.eager, **change)
     moved = [abs(changed.step_time(*a) / s - 1) > 1e-6 for a, s in DEFAULT_PROFILE_POINTS]
     assert any(moved)

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from simulator.cli import main
-from simulator.io import shareable_path
-from simulator.trace import METADATA_KEY, load_trace, trace_content_hash, trace_reference, traces_dir
+from core.io import shareable_path
+from core.trace import METADATA_KEY, load_trace, trace_content_hash, trace_reference, traces_dir
+from experiments.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"

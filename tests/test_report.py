@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.report import main
+from experiments.report import main
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -37,7 +37,7 @@ def test_report_runs_end_to_end(tmp_path, monkeypatch, old_report, capsys):
     assert not (tmp_path / "report" / "stale-experiment.csv").exists()   # report/ replaced whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.md", "report", "report.md"]   # no stage left
     text = (tmp_path / "report.md").read_text()
-    from simulator.trace import bundled_trace_names
+    from core.trace import bundled_trace_names
     for name in bundled_trace_names():   # every trace that fed it is listed, with its status
         assert f"| `{name}` |" in text
     for heading in ("## Traces", "Prediction quality by domain", "Table 3 analogue", "Table 4 analogue", "Table 2 analogue", "Fig. 6 analogue", "Azure"):
@@ -64,7 +64,7 @@ def test_report_bad_input_fails_before_any_run(tmp_path, capsys, args, message):
 
 def test_undefined_figures_print_as_a_dash():
     """A NaN (e.g. the Spearman of a predictor that gave one value for a whole domain) is '-'."""
-    from simulator.report import markdown_table
+    from experiments.report import markdown_table
 
     table = markdown_table([{"s": float("nan"), "d": float("nan"), "x": 0.25}],
                            [("s", "s", ".3f"), ("d", "d", "%"), ("x", "x", ".3f")])
@@ -85,11 +85,11 @@ def test_missing_matplotlib_fails_in_seconds_and_leaves_the_old_report(old_repor
 @pytest.mark.parametrize("failure, code", [(OSError("disk full (injected)"), 2), (KeyboardInterrupt(), 130)])
 def test_failure_mid_run_leaves_the_old_report(old_report, tmp_path_factory, monkeypatch, capsys, failure, code):
     """Runs have happened and tables are being written when it fails or is interrupted."""
-    import simulator.plots
-    import simulator.report
+    import experiments.plots
+    import experiments.report
 
     monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
-    monkeypatch.setattr(simulator.plots, "_pyplot", lambda: None)   # pass the matplotlib check without it
+    monkeypatch.setattr(experiments.plots, "_pyplot", lambda: None)   # pass the matplotlib check without it
     written = []
 
     def fail_on_second(out, summaries):
@@ -98,8 +98,8 @@ def test_failure_mid_run_leaves_the_old_report(old_report, tmp_path_factory, mon
             raise failure
         real_write_results(out, summaries)
 
-    real_write_results = simulator.report.write_results
-    monkeypatch.setattr(simulator.report, "write_results", fail_on_second)
+    real_write_results = experiments.report.write_results
+    monkeypatch.setattr(experiments.report, "write_results", fail_on_second)
     before = snapshot(old_report)
     assert main(["--requests", "40", "--out", str(old_report), "--jobs", "1", "--loads", "1"]) == code
     err = capsys.readouterr().err

@@ -55,7 +55,7 @@ def _serve(args, cache, **kw):
 def _read(out: Path):
     import pyarrow.parquet as pq
 
-    from simulator.trace import load_trace
+    from core.trace import load_trace
 
     trace = load_trace(out)  # validates the request table and the steps side table
     return trace, pq.read_table(out).to_pylist(), trace.steps.to_pylist()

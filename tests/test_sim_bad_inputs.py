@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import simulator.cli as cli
-from simulator.cli import main
-from simulator.trace import MAX_REQUEST_TOKENS, TraceError, load_trace, trace_metadata
+import experiments.cli as cli
+from core.trace import MAX_REQUEST_TOKENS, TraceError, load_trace, trace_metadata
+from experiments.cli import main
 
 TRACE = "sharegpt-lengths"
 

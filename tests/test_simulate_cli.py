@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from simulator.cli import main
+from experiments.cli import main
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 TRACE = "sharegpt-lengths"
@@ -130,7 +130,7 @@ def test_table_output(capsys):
 def test_bad_input_one_line_exit_2_no_output(tmp_path, args, message):
     base = ["--trace", TRACE, "--requests", "50", "--predictor", "oracle"]
     # later flags override earlier ones in argparse, so the bad value wins
-    proc = subprocess.run([sys.executable, "-m", "simulator.cli", *base, *args, "--out", str(tmp_path / "o")],
+    proc = subprocess.run([sys.executable, "-m", "experiments.cli", *base, *args, "--out", str(tmp_path / "o")],
                           capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -144,7 +144,7 @@ def test_out_blocked_by_a_file_fails_before_any_run(tmp_path):
     out = tmp_path / "o"
     out.mkdir()
     (out / "oracle-countdown-1x-seed0").write_text("in the way")
-    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "--trace", TRACE, "--requests", "20",
+    proc = subprocess.run([sys.executable, "-m", "experiments.cli", "--trace", TRACE, "--requests", "20",
                            "--engine", "unit", "--predictor", "none,oracle", "--load", "1x", "--jobs", "1",
                            "--out", str(out)], capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr
@@ -163,7 +163,7 @@ def test_predictor_all_with_a_length_policy_keeps_fcfs_as_the_baseline(capsys):
 def test_malformed_trace_file(tmp_path):
     bad = tmp_path / "bad.parquet"
     bad.write_text("not parquet")
-    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "--trace", str(bad), "--predictor", "oracle"],
+    proc = subprocess.run([sys.executable, "-m", "experiments.cli", "--trace", str(bad), "--predictor", "oracle"],
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "bad.parquet" in proc.stderr and "Traceback" not in proc.stderr
@@ -225,7 +225,7 @@ def test_plots_written_next_to_results(tmp_path):
 
 
 def test_plots_need_out(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "--trace", TRACE, "--predictor", "oracle",
+    proc = subprocess.run([sys.executable, "-m", "experiments.cli", "--trace", TRACE, "--predictor", "oracle",
                            "--plots"], capture_output=True, text=True)
     assert proc.returncode == 2 and "--plots needs --out" in proc.stderr
 
@@ -241,7 +241,7 @@ def test_default_run_compares_fcfs_with_a_length_aware_predictor(capsys):
 # ----------------------------------------------------------------------------- replay as recorded
 def write_trace(path, prompt, output, arrival=None, **meta):
     """A trace file (request ids r0, r1, ...) with optional arrival_s and recording metadata."""
-    from simulator.trace import trace_from_arrays, trace_metadata
+    from core.trace import trace_from_arrays, trace_metadata
     trace = trace_from_arrays(path.stem, prompt, output, arrival_s=arrival)
     pq.write_table(trace.table.replace_schema_metadata(trace_metadata(**meta)), path)
     return str(path)
@@ -292,7 +292,7 @@ def test_arrivals_recorded_batch_at_t0_works_where_rescaling_refuses(tmp_path, c
     from predictors.oracle import Oracle
     from simulator.engine import EngineConfig, Simulation
     from simulator.profiles import make_profile
-    from simulator.trace import load_trace
+    from core.trace import load_trace
     direct = Simulation(load_trace(path), np.zeros(8), policy=make_policy("countdown"), predictor=Oracle(),
                         profile=make_profile("unit"), config=EngineConfig(decode_slots=2)).run()
     assert summary["mean_e2e_s"] == pytest.approx(float(np.mean(direct.finish_s - direct.arrival_s)), rel=1e-12)
@@ -358,8 +358,8 @@ def test_arrival_csv_without_usable_timestamps_refused_before_any_output(tmp_pat
 
 def test_leap_validate_is_the_simulate_run_it_describes(capsys):
     """leap-validate builds its replay through the same runner as `simulate`: same figures."""
-    from simulator.trace import load_trace
-    from simulator.validate import validate_one
+    from core.trace import load_trace
+    from experiments.validate import validate_one
     row = validate_one(load_trace("math"), load_trace("lmsys"), requests=150)
     assert main(["--trace", "math", "--requests", "150", "--preset", "recorded", "--arrivals", "closed",
                  "--engine", "fitted:lmsys", "--predictor", "none", "--json"]) == 0

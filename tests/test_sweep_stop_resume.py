@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.cli import main
+from experiments.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 # 12 runs of about 0.7 s each (two decode slots make many steps): long enough to interrupt
@@ -54,7 +54,7 @@ def alive(pid: int) -> bool:
 
 
 def start_and_wait_for_a_finished_run(out: Path, env: dict) -> tuple[subprocess.Popen, list[int]]:
-    proc = subprocess.Popen([sys.executable, "-m", "simulator.cli", *SWEEP, "--out", str(out)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.cli", *SWEEP, "--out", str(out)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not list(out.glob("*/summary.json")):

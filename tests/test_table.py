@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.cli import COMPACT_COLUMNS, LEGEND, WIDE_COLUMNS, main
+from experiments.cli import COMPACT_COLUMNS, LEGEND, WIDE_COLUMNS, main
 
 TRACE = "sharegpt-lengths"
 

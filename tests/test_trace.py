@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from simulator.trace import (METADATA_KEY, TraceError, bundled_trace_names, load_trace, trace_from_arrays,
+from core.trace import (METADATA_KEY, TraceError, bundled_trace_names, load_trace, trace_from_arrays,
                              trace_metadata)
 
 

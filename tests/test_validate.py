@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow.parquet as pq
 
-from simulator.steps_rebuild import rebuild
-from simulator.trace import load_trace
-from simulator.validate import main, validate_one
+from core.trace import load_trace
+from experiments.steps_rebuild import rebuild
+from experiments.validate import main, validate_one
 
 
 def test_math_replayed_out_of_sample_within_bound():

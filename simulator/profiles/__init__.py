@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Callable
 
+from core.hardware import A100_80GB, H100, H200, LLAMA3_8B, QWEN3_8B
+from core.trace import Trace
 from simulator.profiles.base import EngineProfile
 from simulator.profiles.fitted import FittedProfile
-from simulator.profiles.roofline import A100_80GB, H100, H200, LLAMA3_8B, QWEN3_8B, RooflineProfile
+from simulator.profiles.roofline import RooflineProfile
 from simulator.profiles.unit import UnitProfile
-from simulator.trace import Trace
 
 DEFAULT_PROFILE = "qwen3-8b-h100"
 
@@ -26,7 +27,7 @@ def _fitted(trace: Trace | None) -> EngineProfile:
 
 def _fitted_from(spec: str) -> EngineProfile:
     """``fitted:PATH``: PATH is a trace (bundled name or .parquet) or its NAME.steps.parquet."""
-    from simulator.trace import load_trace
+    from core.trace import load_trace
 
     target = spec[len(FITTED_FROM):]
     if not target:

@@ -4,7 +4,7 @@ step_s ~ a + b * prefill_tokens + c * decode_requests + d * decode_context + e *
 with each coefficient >= 0 (a feature whose coefficient comes out negative is dropped and the
 rest refitted), using whichever of those columns the trace's ``steps`` table has
 (``decode_context`` and ``prefill_sq`` are rebuilt for old recordings by
-``simulator/steps_rebuild.py``). Lets a user replay a trace under the engine they actually measured.
+``experiments/steps_rebuild.py``). Lets a user replay a trace under the engine they actually measured.
 
 What is fitted on, and why:
 - Only steps whose composition is known exactly (``rebuilt_exact`` where the table has it).

@@ -22,10 +22,10 @@ import sys
 
 import numpy as np
 
+from core.trace import Trace, TraceError, load_trace
 from simulator.preset import closed_loop_window
 from simulator.profiles import FITTED_FROM
 from simulator.runner import NO_PREDICTOR, RunConfig, execute, prepare
-from simulator.trace import Trace, TraceError, load_trace
 from simulator.workload import ArrivalSpec
 
 PROG = "leap-validate"
@@ -106,7 +106,7 @@ def validate_one(trace: Trace, profile_from: Trace, requests: int | None = None)
 
 
 def report_section(rows: list[dict]) -> str:
-    """Markdown table of validation rows, for simulator/report.py to include."""
+    """Markdown table of validation rows, for experiments/report.py to include."""
     lines = ["| trace | profile from | requests | real P95 e2e s | sim P95 e2e s | P95 err | mean e2e err "
              "| median per-request err | real makespan s | sim makespan s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(validate_one(t, src, args.requests))
             if args.json:
                 print(json.dumps(rows[-1], sort_keys=True), flush=True)
-    except BrokenPipeError:   # a closed output pipe: simulator.entry ends quietly
+    except BrokenPipeError:   # a closed output pipe: experiments.entry ends quietly
         raise
     except (TraceError, ValueError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""The Parquet trace contract: reading, validating and naming recorded traces.
+"""The Parquet trace contract: reading, validating and naming recorded traces (the one definition
+that capture, predictors and the simulator all import).
 
 One trace is ``NAME.parquet`` (one row per request) with optional side tables beside it:
 ``NAME.steps.parquet`` (per engine step timings) and ``NAME.decode.parquet`` (hidden states
@@ -19,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from simulator.io import shareable_path
+from core.io import shareable_path
 
 SCHEMA_VERSION = 1
 METADATA_KEY = b"leap.trace"
@@ -88,7 +89,7 @@ def resolve_trace_path(path_or_name: str | os.PathLike) -> Path:
 
 def trace_reference(spec):
     """A trace as named in shared outputs (config.json, results): a bundled trace by its name, any
-    other file by :func:`simulator.io.shareable_path` (relative path, or file name + content hash)."""
+    other file by :func:`core.io.shareable_path` (relative path, or file name + content hash)."""
     if not isinstance(spec, (str, os.PathLike)):
         return spec
     text = str(spec)
@@ -105,7 +106,18 @@ def trace_reference(spec):
 
 
 def side_table_path(trace_path: Path, kind: str) -> Path:
-    return trace_path.with_name(trace_path.name[: -len(".parquet")] + f".{kind}.parquet")
+    """``NAME.parquet`` -> ``NAME.KIND.parquet`` (``steps``, ``decode``, ``sched``): where a side table
+    of a trace lives. A path without the ``.parquet`` suffix keeps its whole name as the stem."""
+    trace_path = Path(trace_path)
+    name = trace_path.name
+    stem = name[: -len(".parquet")] if name.endswith(".parquet") else name
+    return trace_path.with_name(f"{stem}.{kind}.parquet")
+
+
+def is_complete(meta: dict) -> bool:
+    """A trace is complete unless its metadata says ``complete: false`` (a partial recording);
+    traces written before the flag existed are complete."""
+    return meta.get("complete", True) is not False
 
 
 def _kind_of(dtype: pa.DataType) -> str:
@@ -147,7 +159,7 @@ class Trace:
     @property
     def complete(self) -> bool:
         """False for a partial recording (metadata ``complete: false``); older traces are complete."""
-        return self.metadata.get("complete", True) is not False
+        return is_complete(self.metadata)
 
     @cached_property
     def request_id(self) -> np.ndarray:
@@ -192,7 +204,7 @@ class Trace:
             if column not in self.table.column_names:
                 raise TraceError(f"trace {self.name}: has no column {column!r} (columns: "
                                  f"{', '.join(self.table.column_names)})")
-            self._feature_cache[column] = _vectors_to_numpy(self.table.column(column))
+            self._feature_cache[column] = vectors_to_numpy(self.table.column(column))
         return self._feature_cache[column]
 
     def feature_layer(self, column: str) -> int | None:
@@ -223,7 +235,7 @@ class Trace:
         rows = np.fromiter((index[rid] for rid, k in zip(ids, keep) if k), dtype=np.int64, count=int(keep.sum()))
         table = table.filter(pa.array(keep))
         generated = table.column("generated_tokens").to_numpy().astype(np.int64)
-        vectors = _vectors_to_numpy(table.column("vector"))
+        vectors = vectors_to_numpy(table.column("vector"))
         order = np.lexsort((generated, rows))
         return rows[order], generated[order], vectors[order]
 
@@ -250,10 +262,35 @@ class Trace:
         return table.filter(pa.array([rid in mine for rid in ids]))
 
 
-def _vectors_to_numpy(column: pa.ChunkedArray) -> np.ndarray:
+def vector_array(vectors, d: int, dtype=np.float16) -> pa.FixedSizeListArray:
+    """A vector column (``fixed_size_list<dtype, d>``) from an (n, d) matrix or a list of 1-D vectors
+    (a ``None`` entry becomes a null vector): how writers store hidden states and embeddings."""
+    if isinstance(vectors, np.ndarray) and vectors.ndim == 2:
+        if vectors.shape[1] != d:
+            raise ValueError(f"vectors of shape {vectors.shape}, expected (n, {d})")
+        return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(vectors, dtype=dtype).reshape(-1)), d)
+    n = len(vectors)
+    mat = np.zeros((n, d), dtype=dtype)
+    mask = np.zeros(n, dtype=bool)
+    for i, v in enumerate(vectors):
+        if v is None:
+            mask[i] = True
+            continue
+        v = np.asarray(v)
+        if v.shape != (d,):
+            raise ValueError(f"vector of shape {v.shape}, expected ({d},)")
+        mat[i] = v.astype(dtype)
+    flat = pa.array(mat.reshape(-1))
+    if mask.any():
+        return pa.FixedSizeListArray.from_arrays(flat, d, mask=pa.array(mask))
+    return pa.FixedSizeListArray.from_arrays(flat, d)
+
+
+def vectors_to_numpy(column: pa.ChunkedArray | pa.FixedSizeListArray) -> np.ndarray:
+    """An (n, d) float32 matrix of a vector column (a null vector reads as its stored values)."""
     arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     width = arr.type.list_size
-    values = arr.values.to_numpy(zero_copy_only=False)
+    values = arr.values.slice(arr.offset * width, len(arr) * width).to_numpy(zero_copy_only=False)
     return values.reshape(len(arr), width).astype(np.float32, copy=False)
 
 
@@ -386,7 +423,7 @@ def validate_table(table: pa.Table, meta: dict, path: Path) -> None:
         if col.null_count:
             row = _first_true(_is_null(col))
             raise TraceError(f"trace {path}: column {column}: row {row}: missing vector")
-        matrix = _vectors_to_numpy(col)
+        matrix = vectors_to_numpy(col)
         finite = np.isfinite(matrix).all(axis=1)
         if not finite.all():
             row = _first_true(~finite)
@@ -466,7 +503,7 @@ def trace_from_arrays(name: str, prompt_tokens, output_tokens, *, max_tokens: in
     hidden = None
     for column, matrix in (features or {}).items():
         matrix = np.asarray(matrix, dtype=np.float32)
-        columns[column] = pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), matrix.shape[1])
+        columns[column] = vector_array(matrix, matrix.shape[1], np.float32)
         if column != "text_embedding":
             hidden = matrix.shape[1]
     meta = {"schema_version": SCHEMA_VERSION, "hidden_size": hidden, **(metadata or {})}

@@ -5,8 +5,8 @@ A fixed small set of runs on the bundled traces; their key figures are stored in
 (the simulation is deterministic; the tolerance only absorbs floating-point noise across numpy
 builds). After an intended change, refresh them and commit the diff:
 
-    python -m simulator.golden --update      # rewrite tests/golden/summaries.json
-    python -m simulator.golden               # compare, print mismatches, exit 1 on any
+    python -m experiments.golden --update    # rewrite tests/golden/summaries.json
+    python -m experiments.golden             # compare, print mismatches, exit 1 on any
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import json
 import sys
 from pathlib import Path
 
+from core.io import atomic_write_json
+from core.trace import bundled_trace_names
 from predictors import PREDICTORS
-from simulator.io import atomic_write_json
 from simulator.runner import RunConfig, execute, prepare
-from simulator.trace import bundled_trace_names
 
 GOLDEN_PATH = Path(__file__).resolve().parent.parent / "tests" / "golden" / "summaries.json"
 FIELDS = ("mean_ptl_s", "mean_e2e_s", "p50_e2e_s", "p95_e2e_s", "p99_e2e_s", "mean_ttft_s",
@@ -60,7 +60,7 @@ def run_id(run) -> str:
 
 def available_runs() -> list[tuple]:
     """Runs whose trace is bundled with at least the requests they use (recordings grow across sessions)."""
-    from simulator.trace import load_trace
+    from core.trace import load_trace
 
     traces = set(bundled_trace_names())
     return [r for r in RUNS if r[0] in traces and (r[1] == "none" or r[1] in PREDICTORS)
@@ -104,7 +104,7 @@ def check(golden: dict | None = None) -> dict[str, list[str]]:
     failures = {}
     for rid, expected in golden["runs"].items():
         if rid not in runs:
-            failures[rid] = ["no longer in simulator.golden.RUNS; refresh the golden file"]
+            failures[rid] = ["no longer in experiments.golden.RUNS; refresh the golden file"]
             continue
         try:
             actual = compute(runs[rid])
@@ -118,7 +118,7 @@ def check(golden: dict | None = None) -> dict[str, list[str]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simulator.golden", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.golden", description=__doc__.splitlines()[0])
     ap.add_argument("--update", action="store_true", help="recompute and rewrite the golden file")
     args = ap.parse_args(argv)
     if args.update:

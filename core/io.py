@@ -1,5 +1,6 @@
-"""Atomic file writes, the on-disk cache, where the shared data lives, and how input files are
-named in outputs meant to be shared (never by an absolute path)."""
+"""Atomic file writes (the project's one writer: a temporary file in the target's folder, fsync,
+rename), the on-disk cache, where the shared data lives, and how input files are named in outputs
+meant to be shared (never by an absolute path)."""
 
 from __future__ import annotations
 
@@ -100,5 +101,7 @@ def atomic_write_json(path: Path, obj) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode())
 
 
-def atomic_write_parquet(path: Path, table: pa.Table) -> None:
-    _atomic(path, lambda fh: pq.write_table(table, fh, compression="zstd"))
+def atomic_write_parquet(path: Path, table: pa.Table, **options) -> None:
+    """Parquet, zstd unless ``options`` (``pq.write_table``'s keywords) say otherwise."""
+    options = options or {"compression": "zstd"}
+    _atomic(path, lambda fh: pq.write_table(table, fh, **options))

@@ -34,14 +34,15 @@ from typing import Callable
 
 import numpy as np
 
+from core.arrivals import parse_load
+from core.io import DATA_DIR_ENV, DataDirMissing, atomic_write_bytes, data_dir
+from core.trace import TraceError, bundled_trace_names, load_trace
+from experiments.sweep import (Stopped, SweepInterrupted, add_relative_changes, run_many, run_slug,
+                               sigterm_raises_stopped, write_results)
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
-from simulator.io import DATA_DIR_ENV, DataDirMissing, atomic_write_bytes, data_dir
 from simulator.runner import NO_PREDICTOR, RunConfig, prepare
-from simulator.sweep import (Stopped, SweepInterrupted, add_relative_changes, run_many, run_slug,
-                             sigterm_raises_stopped, write_results)
-from simulator.trace import TraceError, bundled_trace_names, load_trace
-from simulator.workload import ArrivalSpec, parse_load
+from simulator.workload import ArrivalSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 AZURE_CONV = Path("arrivals") / "AzureLLMInferenceTrace_conv.csv"     # under the shared data folder
@@ -166,7 +167,7 @@ class Report:
     def check(self, sections: list[Section]) -> None:
         """Every input of every run (traces, arrival files, predictor artifacts, which may need torch)
         loaded and validated now, so that a missing piece fails in seconds, not after the runs."""
-        from simulator.plots import _pyplot
+        from experiments.plots import _pyplot
 
         _pyplot()
         for name in sorted(self.traces):
@@ -329,7 +330,7 @@ class Report:
                    for load in loads for p in [NO_PREDICTOR, *preds]]
 
         def render(results):
-            from simulator.plots import write_plots
+            from experiments.plots import write_plots
 
             rows = results["load-sweep"]
             pngs = write_plots(rows, self.figures / "load-sweep",
@@ -467,7 +468,7 @@ def main(argv=None) -> int:
             command = "leap-report" + (f" --requests {args.requests}" if args.requests else "")
             report.write(stage, command, texts)
             _move_into_place(stage, args.out)
-    except BrokenPipeError:   # a closed output pipe: simulator.entry ends quietly
+    except BrokenPipeError:   # a closed output pipe: experiments.entry ends quietly
         raise
     except (TraceError, ValueError, OSError) as exc:
         _close(progress)

@@ -53,6 +53,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from core.io import atomic_write_parquet
+from core.trace import METADATA_KEY, side_table_path
+
 COUNT_COLUMNS = ("prefill_requests", "prefill_tokens", "decode_requests", "decode_tokens")
 REBUILT_COLUMNS = ("decode_context", "prefill_sq", "host_gap_s", "rebuilt_exact")
 
@@ -152,8 +155,8 @@ def replay_run(prompt: np.ndarray, output: np.ndarray, queue: list[int], n_steps
 def rebuild(trace_path: Path) -> tuple[pa.Table, dict]:
     """The trace's steps table with the rebuilt columns added, and a per-run match report."""
     requests = pq.read_table(trace_path, columns=["prompt_tokens", "output_tokens"])
-    meta = json.loads((requests.schema.metadata or {}).get(b"leap.trace", b"{}"))
-    steps_path = steps_path_of(trace_path)
+    meta = json.loads((requests.schema.metadata or {}).get(METADATA_KEY, b"{}"))
+    steps_path = side_table_path(trace_path, "steps")
     steps = pq.read_table(steps_path)
     settings = VllmSettings.from_metadata(meta)
     prompt = requests.column("prompt_tokens").to_numpy().astype(np.int64)
@@ -212,22 +215,10 @@ def rebuild(trace_path: Path) -> tuple[pa.Table, dict]:
     report["match_rate"] = float(exact.mean()) if n else 1.0
     meta_out = dict(table.schema.metadata or {})
     meta_out[b"leap.steps_rebuilt"] = json.dumps({
-        "by": "simulator.steps_rebuild (closed-loop vLLM V1 scheduler replay)",
+        "by": "experiments.steps_rebuild (closed-loop vLLM V1 scheduler replay)",
         "settings": settings.__dict__, "match_rate": report["match_rate"],
         "runs": report["runs"]}, sort_keys=True).encode()
     return table.replace_schema_metadata(meta_out), report
-
-
-def steps_path_of(trace_path: Path) -> Path:
-    name = trace_path.name
-    stem = name[: -len(".parquet")] if name.endswith(".parquet") else name
-    return trace_path.with_name(stem + ".steps.parquet")
-
-
-def write_atomic(table: pa.Table, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="report the match rate only; write nothing")
     args = p.parse_args(argv)
     for path in args.traces:
-        if not path.is_file() or not steps_path_of(path).is_file():
+        if not path.is_file() or not side_table_path(path, "steps").is_file():
             print(f"rebuild-steps: error: {path}: no such trace or no steps table beside it", file=sys.stderr)
             return 2
     for path in args.traces:
@@ -247,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rebuild-steps: error: {path}: {exc}", file=sys.stderr)
             return 2
         if not args.check:
-            write_atomic(table, steps_path_of(path))
+            atomic_write_parquet(side_table_path(path, "steps"), table)
         print(json.dumps(report, sort_keys=True))
     return 0
 

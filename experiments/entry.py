@@ -51,11 +51,11 @@ def _run(target: str, thread_vars: tuple[str, ...] = BLAS_THREAD_VARS) -> int:
 
 
 def simulate() -> int:
-    return _run("simulator.cli:main")
+    return _run("experiments.cli:main")
 
 
 def leap_report() -> int:
-    return _run("simulator.report:main")
+    return _run("experiments.report:main")
 
 
 def evaluate_predictors() -> int:
@@ -67,4 +67,4 @@ def capture_traces() -> int:
 
 
 def leap_validate() -> int:
-    return _run("simulator.validate:main")
+    return _run("experiments.validate:main")

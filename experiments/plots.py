@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from simulator.io import atomic_write_bytes
+from core.io import atomic_write_bytes
 
 
 def _pyplot():

@@ -16,15 +16,16 @@ import os
 import sys
 from pathlib import Path
 
+from core.arrivals import parse_load
+from core.trace import TraceError, bundled_trace_names, load_trace
+from experiments.sweep import SweepInterrupted, add_relative_changes, run_many, run_slug, write_results
 from policies import POLICIES
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.engine import EngineConfig
 from simulator.profiles import DEFAULT_PROFILE, PROFILES, is_profile_name
 from simulator.runner import MAX_SEED, NO_PREDICTOR, PRESETS, RunConfig, prepare
-from simulator.sweep import SweepInterrupted, add_relative_changes, run_many, run_slug, write_results
-from simulator.trace import TraceError, bundled_trace_names, load_trace
-from simulator.workload import ArrivalSpec, parse_load
+from simulator.workload import ArrivalSpec
 
 PROG = "simulate"
 DEFAULT_LOAD = "1x"
@@ -341,7 +342,7 @@ def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int
     if args.plots and args.out is None:
         raise UsageError("--plots needs --out DIR")
     if args.plots:
-        from simulator.plots import _pyplot
+        from experiments.plots import _pyplot
         _pyplot()   # fail now, not after the runs, if matplotlib is missing
     single = None   # a lone local run is executed from its check, not built twice
     decode_slots = None
@@ -368,7 +369,7 @@ def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int
     if args.out is not None:
         write_results(args.out, summaries)
         if args.plots:
-            from simulator.plots import write_plots
+            from experiments.plots import write_plots
             dirs = [args.out] if len(configs) == 1 else [args.out / run_slug(c) for c in configs]
             write_plots(summaries, args.out, dirs)
         print(f"{PROG}: wrote {len(summaries)} run(s) to {args.out}", file=sys.stderr)
@@ -387,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:   # a closed output pipe: simulator.entry ends quietly
+    except BrokenPipeError:   # a closed output pipe: experiments.entry ends quietly
         raise
     except SweepInterrupted as exc:   # Ctrl-C or SIGTERM: finished runs are kept, a rerun skips them
         print(f"{PROG}: {exc}", file=sys.stderr)

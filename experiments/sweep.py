@@ -27,7 +27,7 @@ from typing import Callable
 
 import pyarrow as pa
 
-from simulator.io import atomic_write_bytes, atomic_write_json, atomic_write_parquet
+from core.io import atomic_write_bytes, atomic_write_json, atomic_write_parquet
 from simulator.metrics import requests_table, simulated_only
 from simulator.runner import Prepared, RunConfig, execute, prepare
 
