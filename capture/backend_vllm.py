@@ -56,7 +56,7 @@ class VLLMBackend(Backend):
         )
         if executor == "uni":
             self.engine_args["distributed_executor_backend"] = "uni"
-        self.engine_args.update(engine_overrides or {})  # e.g. a live scheduler (capture.serve)
+        self.engine_args.update(engine_overrides or {})  # e.g. a live scheduler (live.serve)
         self.executor = executor
         args = EngineArgs(**self.engine_args)
         if not args.enforce_eager:

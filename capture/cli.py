@@ -6,7 +6,6 @@
     capture-traces repack FILE.parquet...         # rewrite with the current (smaller) encodings
     capture-traces merge OUT.parquet A.parquet B.parquet...   # shards (same settings) -> one trace
     capture-traces signal --train traces/lmsys.parquet traces/*.parquet   # ridge + Spearman
-    capture-traces serve --from traces/lmsys.parquet --arrivals poisson --load 0.8x --out traces/live/X.parquet
 
 Errors in the input (missing model, bad layer, unreadable prompts, bad flag, ...) print one line
 on stderr and exit with code 2, before anything is written.
@@ -100,57 +99,65 @@ def _record_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _err(msg: str) -> None:
-    print(f"capture-traces: error: {msg}", file=sys.stderr)
+def _err(msg: str, prog: str = "capture-traces") -> None:
+    print(f"{prog}: error: {msg}", file=sys.stderr)
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    return guarded(_dispatch, list(sys.argv[1:] if argv is None else argv))
+
+
+def guarded(command, argv, prog: str = "capture-traces") -> int:
+    """Run ``command(argv)`` with the capture commands' one error path: a CaptureError or a bad
+    flag is one line and exit 2, Ctrl-C says how to resume, anything else one line (exit 1)."""
     try:
-        if argv[:1] == ["prepare-model"]:
-            return _prepare_model(argv[1:])
-        if argv[:1] == ["report"]:
-            from .report import main as report_main
-            return report_main(argv[1:])
-        if argv[:1] == ["repack"]:
-            from .store import repack
-            if not argv[1:]:
-                raise CaptureError("repack: name the trace files to rewrite (capture-traces repack FILE.parquet...)")
-            for f in argv[1:]:
-                if not Path(f).is_file():
-                    raise CaptureError(f"no such file: {f}")
-            for f in argv[1:]:
-                repack(Path(f))
-            return 0
-        if argv[:1] == ["merge"]:
-            from .merge import merge_main
-            return merge_main(argv[1:])
-        if argv[:1] == ["serve"]:
-            from .serve import serve_main
-            return serve_main(argv[1:])
-        if argv[:1] == ["signal"]:
-            from .report import signal_main
-            return signal_main(argv[1:])
-        if argv[:1] in (["-h"], ["--help"]):
-            _record_parser().print_help()
-            return 0
-        args = _record_parser().parse_args(argv)
-        return record(args)
+        return command(argv)
     except CaptureError as e:
-        _err(str(e).splitlines()[0] if str(e) else "failed")
+        _err(str(e).splitlines()[0] if str(e) else "failed", prog)
         return 2
     except SystemExit as e:  # argparse of a subcommand (--help or a bad flag)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except BrokenPipeError:   # a closed output pipe: experiments.entry ends quietly
         raise
     except KeyboardInterrupt:
-        _err("interrupted; rerun with --resume to continue")
+        _err("interrupted; rerun with --resume to continue", prog)
         return 130
     except Exception as e:  # noqa: BLE001 -- a last net: one line, not a traceback (LEAP_DEBUG=1 shows it)
         if os.environ.get("LEAP_DEBUG"):
             raise
-        _err(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'failed'} (LEAP_DEBUG=1 for the traceback)")
+        _err(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'failed'} (LEAP_DEBUG=1 for the traceback)", prog)
         return 1
+
+
+def _dispatch(argv) -> int:
+    if argv[:1] == ["prepare-model"]:
+        return _prepare_model(argv[1:])
+    if argv[:1] == ["report"]:
+        from .report import main as report_main
+        return report_main(argv[1:])
+    if argv[:1] == ["repack"]:
+        from .store import repack
+        if not argv[1:]:
+            raise CaptureError("repack: name the trace files to rewrite (capture-traces repack FILE.parquet...)")
+        for f in argv[1:]:
+            if not Path(f).is_file():
+                raise CaptureError(f"no such file: {f}")
+        for f in argv[1:]:
+            repack(Path(f))
+        return 0
+    if argv[:1] == ["merge"]:
+        from .merge import merge_main
+        return merge_main(argv[1:])
+    if argv[:1] == ["serve"]:
+        raise CaptureError("serving runs moved to their own command: leap-serve (python -m live.serve)")
+    if argv[:1] == ["signal"]:
+        from .report import signal_main
+        return signal_main(argv[1:])
+    if argv[:1] in (["-h"], ["--help"]):
+        _record_parser().print_help()
+        return 0
+    args = _record_parser().parse_args(argv)
+    return record(args)
 
 
 def _prepare_model(argv) -> int:

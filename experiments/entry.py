@@ -68,3 +68,7 @@ def capture_traces() -> int:
 
 def leap_validate() -> int:
     return _run("experiments.validate:main")
+
+
+def leap_serve() -> int:
+    return _run("live.serve:main", NUMPY_ONLY_VARS)

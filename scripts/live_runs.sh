@@ -48,7 +48,7 @@ ORDER=(fcfs-0.8 leap-0.8 fcfs-1.3 leap-1.3 leap-rls-0.8 leap-rls-1.3 oracle-0.8 
 CAPFILE="$OUTDIR/alpaca$N-capacity.json"
 if [ ! -f "$CAPFILE" ]; then
   echo "== capacity ($(date -u +%H:%M:%S))"
-  "$PY" -m capture.cli serve "${COMMON[@]}" --policy fcfs --predictor none --capacity measure \
+  "$PY" -m live.serve "${COMMON[@]}" --policy fcfs --predictor none --capacity measure \
       | tail -n 1 > "$CAPFILE.tmp" && mv "$CAPFILE.tmp" "$CAPFILE"
 fi
 CAPACITY="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["capacity_req_s"])' "$CAPFILE")"
@@ -63,6 +63,6 @@ for name in "${ORDER[@]}"; do
   case "$predictor" in leap|leap-rls) extra=(--readout "$READOUT");; esac
   [ -d "$out.parts" ] && extra+=(--resume)
   echo "== $name: $policy + $predictor at ${load}x -> $out ($(date -u +%H:%M:%S))"
-  "$PY" -m capture.cli serve "${COMMON[@]}" --policy "$policy" --predictor "$predictor" \
+  "$PY" -m live.serve "${COMMON[@]}" --policy "$policy" --predictor "$predictor" \
       --arrivals poisson --load "${load}x" --capacity "$CAPACITY" --out "$out" "${extra[@]}"
 done

@@ -62,7 +62,8 @@ def probe(tmp_path, name: str, env_extra: dict | None = None) -> dict:
 
 
 def test_every_console_script_goes_through_the_entry_module():
-    assert set(SCRIPTS) == {"simulate", "capture-traces", "evaluate-predictors", "leap-report", "leap-validate"}
+    assert set(SCRIPTS) == {"simulate", "capture-traces", "evaluate-predictors", "leap-report", "leap-validate",
+                            "leap-serve"}
     assert all(target.startswith("experiments.entry:") for target in SCRIPTS.values()), SCRIPTS
 
 
@@ -75,9 +76,10 @@ def test_commands_and_their_workers_run_one_blas_thread(tmp_path, name):
     assert seen["main"]["blas"] == 1, seen   # numpy was loaded after the variables were set
 
 
-def test_capture_traces_pins_only_numpy_blas(tmp_path):
-    # torch's OpenMP/MKL threads stay under capture-traces' own --threads control
-    seen = probe(tmp_path, "capture-traces")
+@pytest.mark.parametrize("name", ["capture-traces", "leap-serve"])
+def test_capture_traces_pins_only_numpy_blas(tmp_path, name):
+    # torch's OpenMP/MKL threads stay under the command's own --threads control
+    seen = probe(tmp_path, name)
     assert seen["main"]["env"] == {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": None, "MKL_NUM_THREADS": None}
     assert seen["worker"]["env"]["OPENBLAS_NUM_THREADS"] == "1"
     assert seen["main"]["blas"] == 1

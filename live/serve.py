@@ -1,8 +1,8 @@
-"""capture-traces serve: an online (open-loop) serving run of vLLM, recorded as a serving trace.
+"""leap-serve: an online (open-loop) serving run of vLLM, recorded as a serving trace.
 
-    capture-traces serve --from traces/lmsys.parquet --requests 200 --force-lengths --max-length 128 \\
+    leap-serve --from traces/lmsys.parquet --requests 200 --force-lengths --max-length 128 \\
         --max-resident 64 --threads 1 --capacity measure                  # measure + cache capacity
-    capture-traces serve --from traces/lmsys.parquet --requests 200 --force-lengths --max-length 128 \\
+    leap-serve --from traces/lmsys.parquet --requests 200 --force-lengths --max-length 128 \\
         --max-resident 64 --threads 1 --arrivals poisson --load 0.8x --out traces/live/lmsys-0.8x.parquet
 
 Requests are the first N (or a seeded sample) of a recorded trace, re-tokenized from the trace's
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import CaptureError
+from capture import CaptureError
 
 CAPACITY_FILE = "live_capacity.json"
 SERVE_TIMING = ("open loop: each request is submitted at the first engine-step boundary after its "
@@ -59,9 +59,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def serve_parser() -> argparse.ArgumentParser:
-    from .model import DEFAULT_MODEL_DIR
+    from capture.model import DEFAULT_MODEL_DIR
 
-    p = _Parser(prog="capture-traces serve", description=__doc__,
+    p = _Parser(prog="leap-serve", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--from", dest="source", required=True, metavar="TRACE",
                    help="recorded trace to take the requests from (path or bundled name)")
@@ -191,7 +191,7 @@ def _source_prompts(meta: dict, table, ids, tok, log) -> tuple[dict[str, list[in
         if not sources:
             raise CaptureError("source trace has no prompt_text and no prompt_sources in its metadata; "
                                "its prompts cannot be recovered")
-        from .prompts import load_prompts
+        from capture.prompts import load_prompts
 
         by_id = {p.request_id: p.text for p in load_prompts(list(sources))}
         for r in missing:
@@ -353,11 +353,11 @@ def serve_main(argv) -> int:
         raise CaptureError("--capacity measure: the capacity that loads refer to is FCFS's; measure "
                            "it with --policy fcfs --predictor none")
     if args.threads:
-        from .backend_vllm import parse_cpu_list
+        from capture.backend_vllm import parse_cpu_list
         parse_cpu_list(args.threads)
     out = Path(args.out) if args.out else None
     if out is not None:
-        from .store import check_output_trace
+        from capture.store import check_output_trace
         check_output_trace(out, "--out")
         parts = out.with_name(out.name + ".parts")
         if (out.exists() or parts.exists()) and not (args.resume or args.overwrite):
@@ -372,7 +372,7 @@ def serve_main(argv) -> int:
         src = load_trace(args.source)
     except TraceError as e:
         raise CaptureError(str(e)) from None
-    from .model import check_model_dir, model_id, model_revision, read_config
+    from capture.model import check_model_dir, model_id, model_revision, read_config
 
     model_dir = check_model_dir(args.model)
     cfg = read_config(model_dir)
@@ -422,7 +422,7 @@ def serve_main(argv) -> int:
     sampling = dict(meta.get("sampling") or {})
     sampling = {k: sampling.get(k, d) for k, d in
                 (("temperature", 0.7), ("top_p", 0.9), ("repetition_penalty", 1.1))}
-    from .backend_vllm import parse_cpu_list
+    from capture.backend_vllm import parse_cpu_list
 
     threads_n = len(parse_cpu_list(args.threads)) if args.threads else None
     workload = {
@@ -461,8 +461,8 @@ def serve_main(argv) -> int:
         import vllm  # noqa: F401
     except ImportError as e:
         raise CaptureError(f"vllm is not importable ({e}); use the capture venv") from None
-    from .backend import GenRequest
-    from .backend_vllm import VLLMBackend
+    from capture.backend import GenRequest
+    from capture.backend_vllm import VLLMBackend
 
     def params_for(req: ServeRequest):
         from vllm import SamplingParams
@@ -480,7 +480,7 @@ def serve_main(argv) -> int:
     store = None
     run_config = None
     if out is not None:
-        from .store import PartStore
+        from capture.store import PartStore
 
         store = PartStore(out)
         store.lock()  # before the engine starts: a second process on this output exits at once
@@ -568,12 +568,12 @@ def _vllm_version() -> str:
 
 def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serving, quiet_probe,
                src, cfg, model_dir, template, tsha, sampling, dtype, max_model_len, t_start, log):
-    from .backend import GenRequest
-    from .finalize import finalize
-    from .model import model_id
-    from .schema import steps_table
+    from capture.backend import GenRequest
+    from capture.finalize import finalize
+    from capture.model import model_id
+    from capture.schema import steps_table
     if args.resume and out.exists() and not store.dir.exists():
-        from .store import read_meta
+        from capture.store import read_meta
         if read_meta(out).get("run_config") == run_config:
             log(f"{out} is up to date ({len(reqs)} requests)")
             return 0
@@ -627,7 +627,7 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
         if sched_table is not None:  # side tables before the trace (finalize writes it last)
             from core.trace import side_table_path
 
-            from .store import atomic_write_table
+            from capture.store import atomic_write_table
             atomic_write_table(sched_table, side_table_path(out, "sched"),
                                {"schema_version": 1, "table": "sched", "trace": out.name,
                                 "source": "live scheduler leap_stats(), one row per entry; run = segment"})
@@ -764,3 +764,14 @@ def _host() -> str:
     except OSError:
         pass
     return f"{cpu}; {os.cpu_count()} cpus; {platform.system()}"
+
+
+def main(argv=None) -> int:
+    """``leap-serve``: one line and exit 2 on bad input, like every capture command."""
+    from capture.cli import guarded
+
+    return guarded(serve_main, list(sys.argv[1:] if argv is None else argv), prog="leap-serve")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
