@@ -182,15 +182,7 @@ def test_report_section_without_rows():
 # ----------------------------------------------------------------------------- refusals
 def test_source_hash_mismatch_refused_in_one_line(tmp_path, capsys):
     runs = committed_runs()
-    table = pq.read_table(runs[0])
-    meta = json.loads(table.schema.metadata[METADATA_KEY])
-    meta["serving"]["source_trace"]["sha256"] = "0" * 64
-    bad = tmp_path / "bad.parquet"
-    pq.write_table(table.replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()}), bad)
-    for side in ("steps", "sched"):
-        src = runs[0].with_name(runs[0].name.replace(".parquet", f".{side}.parquet"))
-        if src.is_file():
-            bad.with_name(f"bad.{side}.parquet").write_bytes(src.read_bytes())
+    bad = _rewrite(runs[0], tmp_path / "bad.parquet", lambda s: s["source_trace"].update(sha256="0" * 64))
     assert main([str(bad), "--profile-from", str(runs[1])]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "source trace" in err and "not the same requests" in err
@@ -202,3 +194,57 @@ def test_serving_profile_from_itself_refused(capsys):
     t = load_trace(runs[0])
     with pytest.raises(ValueError, match="another run"):
         validate_serving(t, t)
+
+
+def _rewrite(src: Path, dest: Path, edit) -> Path:
+    """A copy of a serving run (and its side tables) with its serving metadata edited."""
+    table = pq.read_table(src)
+    meta = json.loads(table.schema.metadata[METADATA_KEY])
+    edit(meta["serving"])
+    pq.write_table(table.replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode()}), dest)
+    for side in ("steps", "sched"):
+        s = src.with_name(src.name.replace(".parquet", f".{side}.parquet"))
+        if s.is_file():
+            dest.with_name(dest.name.replace(".parquet", f".{side}.parquet")).write_bytes(s.read_bytes())
+    return dest
+
+
+def test_segments_replay_each_from_an_empty_engine():
+    """A resumed run's segments are simulated one by one: the same as simulating each alone."""
+    import simulator.validate as v
+
+    runs = committed_runs()
+    trace = load_trace(runs[0])
+    workload = v.serving_workload(trace, v.source_trace(trace))
+    config, profile = v.serving_engine_config(trace), v.serving_profile(load_trace(runs[1]))
+    order = np.argsort(workload.arrival_s, kind="stable")
+    seg = np.zeros(len(workload), dtype=np.int64)
+    seg[order[len(order) // 2:]] = 1
+    both = v._simulate_segments(workload, seg, "fcfs", "none", "lmsys", profile, config, False, 8)
+    one = v._simulate_segments(workload, np.zeros_like(seg), "fcfs", "none", "lmsys", profile, config, False, 8)
+    for k in (0, 1):
+        rows = np.flatnonzero(seg == k)
+        alone = v._simulate_segments(workload.take(rows), np.zeros(len(rows), dtype=np.int64), "fcfs", "none",
+                                     "lmsys", profile, config, False, 8)
+        assert np.allclose(both["e2e"][rows], alone["e2e"])
+    assert not np.allclose(both["e2e"], one["e2e"])   # the second segment starts empty, not mid-queue
+
+
+def test_admission_order_that_the_simulator_cannot_reproduce_is_refused(tmp_path):
+    from simulator.validate import validate_serving
+
+    runs = committed_runs()
+    ordered = [p for p in runs if json.loads(pq.read_schema(p).metadata[METADATA_KEY])["serving"].get("ordered_admission")]
+    if not ordered:
+        pytest.skip("no committed run with ordered admission")
+    bad = _rewrite(ordered[0], tmp_path / "fcfs-admission.parquet", lambda s: s.update(ordered_admission=False))
+    other = next(p for p in runs if p != ordered[0])
+    with pytest.raises(ValueError, match="not replayable as it ran"):
+        validate_serving(load_trace(bad), load_trace(other))
+
+
+def test_leap_report_has_the_live_section():
+    from simulator.report import Report
+
+    text = Report(None, 1, 0).live_serving().render({})
+    assert "Live serving runs" in text
