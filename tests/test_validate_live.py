@@ -248,3 +248,26 @@ def test_leap_report_has_the_live_section():
 
     text = Report(None, 1, 0).live_serving().render({})
     assert "Live serving runs" in text
+
+
+@pytest.mark.parametrize("predictor,ordered", [("ssjf", True), ("leap", False), ("leap-rls", False)])
+def test_each_live_predictor_replays_with_the_simulators_own(tmp_path, predictor, ordered):
+    """The run's predictor is the simulator's class of the same name, fed the source trace's features;
+    ssjf's modelled GPU cost is reported beside the live cost and not charged by default."""
+    from simulator.validate import validate_serving
+
+    runs = committed_runs()
+    base = next(p for p in runs if "fcfs" not in p.name)
+    edited = _rewrite(base, tmp_path / f"x-{predictor}.parquet",
+                      lambda s: s.update(predictor=predictor, policy="countdown", ordered_admission=ordered))
+    other = next(p for p in runs if p != base)
+    row = validate_serving(load_trace(edited), load_trace(other))
+    assert row["predictor"] == predictor and row["requests"] == len(load_trace(base))
+    assert np.isfinite(row["sim_mean_e2e_s"]) and row["predictor_cost"] == "none"
+    if predictor == "ssjf":
+        assert row["sim_predictor_gpu_s"] > 0 and "readout_check" not in row
+    else:
+        assert row["sim_predictor_gpu_s"] == 0
+    charged = validate_serving(load_trace(edited), load_trace(other), "charged")
+    if predictor == "ssjf":   # charged: the GPU model's seconds lengthen the simulated steps
+        assert charged["sim_makespan_s"] > row["sim_makespan_s"]
