@@ -490,9 +490,10 @@ def live_prediction_cost(trace: Trace) -> dict:
             "live_order_share_run": float(order.sum() / step.sum())}
 
 
-def step_time_ratio(trace: Trace, profile) -> float | None:
-    """Median over the run's recorded steps of measured ``step_s`` / the profile's step time for the
-    same composition (host gap left out): how fast the host ran this run relative to the profile run."""
+def step_time_ratio(trace: Trace, profile, q: float = 50.0) -> float | None:
+    """Median (or the ``q``-th percentile) over the run's recorded steps of measured ``step_s`` / the
+    profile's step time for the same composition (host gap left out): how fast the host ran this run
+    relative to the profile run."""
     steps = trace.steps
     if steps is None:
         return None
@@ -505,7 +506,7 @@ def step_time_ratio(trace: Trace, profile) -> float | None:
         cols["prefill_tokens"], cols["prefill_sq"], cols["decode_requests"], cols["decode_context"])])
     predicted -= getattr(profile, "host_gap_s", 0.0)
     ok = predicted > 0
-    return float(np.median(measured_s[ok] / predicted[ok])) if ok.any() else None
+    return float(np.percentile(measured_s[ok] / predicted[ok], q)) if ok.any() else None
 
 
 def probe_summary(trace: Trace) -> dict:
@@ -593,6 +594,9 @@ def validate_serving(trace: Trace, profile_from: Trace, predictor_cost: str = "n
     row.update(probe_summary(trace))
     ratio = step_time_ratio(trace, profile)
     row["step_time_ratio"] = ratio
+    # spread within the run: a host that changes speed mid-run (a phase at half the step time)
+    row["step_time_ratio_p10"] = step_time_ratio(trace, profile, 10.0)
+    row["step_time_ratio_p90"] = step_time_ratio(trace, profile, 90.0)
     row["host_mismatch"] = ratio is not None and not (1 / HOST_MISMATCH_FACTOR <= ratio <= HOST_MISMATCH_FACTOR)
     row.update(live_prediction_cost(trace))
     row["sim_predictor_gpu_s"] = modelled["gpu_s_charged"]
