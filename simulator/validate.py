@@ -388,8 +388,9 @@ def serving_engine_config(trace: Trace):
     args = ((trace.metadata or {}).get("backend_details") or {}).get("engine_args") or {}
     chunked = args.get("enable_chunked_prefill", True)
     try:
+        budget = s.get("max_num_batched_tokens") or args.get("max_num_batched_tokens") or 2048
         return EngineConfig(max_resident=int(s["max_resident"]), decode_slots=int(s["decode_slots"]),
-                            prefill_token_budget=int(s.get("max_num_batched_tokens") or args.get("max_num_batched_tokens") or 2048),
+                            prefill_token_budget=int(budget),
                             wait_cap=int(s.get("wait_cap") or 0), chunked_prefill=bool(chunked),
                             decodes_in_budget=True)
     except (KeyError, TypeError) as exc:
@@ -662,10 +663,12 @@ def validate_serving_runs(traces: list[Trace], profile_from: Trace | None = None
     """Validate each serving run (profile from ``profile_from`` or the default other run among
     ``candidates``, default: the given runs and their folder's other runs), then add the gains."""
     pool = list(traces)
-    for t in candidates if candidates is not None else [x for t in traces if t.path for x in serving_runs_in(t.path.parent)]:
+    if candidates is None:
+        candidates = [x for t in traces if t.path is not None for x in serving_runs_in(t.path.parent)]
+    for t in candidates:
         if not any(same_run(t, p) for p in pool):
             pool.append(t)
-    rows, done = [], {}
+    done: dict[str, dict] = {}
     wanted = list(traces)
     # FCFS partners of non-FCFS runs are replayed too (their simulated PTL is the gain's reference)
     for t in traces:
