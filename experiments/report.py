@@ -7,7 +7,9 @@ Sections (each skipped with a note when its traces or predictors are not availab
 - prediction quality (Spearman) per predictor and domain, trained on lmsys;
 - Table 2 analogue: TRAIL and LEAP with and without decode-time refresh;
 - Fig. 6 analogue: load sweep with plots;
-- arrivals replayed from the Azure 2023 conversation trace.
+- arrivals replayed from the Azure 2023 conversation trace;
+- live serving runs (traces/live/): measured vs simulated, and the live Table 3 analogue with the
+  simulated gain over FCFS beside the measured one ("no serving runs" when there are none).
 
     leap-report                                  # full sizes -> docs/report.md + docs/report/*.png
     leap-report --requests 300 --out /tmp/rep    # reduced sizes (CI)
@@ -43,6 +45,7 @@ from predictors import PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.runner import NO_PREDICTOR, RunConfig, prepare
 from simulator.workload import ArrivalSpec
+from experiments.validate import check_serving_runs, live_report_section
 
 ROOT = Path(__file__).resolve().parent.parent
 AZURE_CONV = Path("arrivals") / "AzureLLMInferenceTrace_conv.csv"     # under the shared data folder
@@ -162,7 +165,7 @@ class Report:
     # ------------------------------------------------------------------ plan, check, run
     def plan(self, loads, table3_load: float) -> list[Section]:
         return [self.table3(table3_load), self.table4(1.5), self.quality_by_domain(), self.table2(table3_load),
-                self.load_sweep(loads), self.azure(1.0)]
+                self.load_sweep(loads), self.azure(1.0), self.live_serving()]
 
     def check(self, sections: list[Section]) -> None:
         """Every input of every run (traces, arrival files, predictor artifacts, which may need torch)
@@ -172,6 +175,7 @@ class Report:
         _pyplot()
         for name in sorted(self.traces):
             load_trace(name)
+        check_serving_runs()   # traces/live/: sources present and unchanged, a profile run for each
         seen = set()
         for section in sections:
             for experiment in section.experiments:
@@ -369,6 +373,12 @@ class Report:
                     ("vs FCFS", "vs_fcfs_mean_ptl_s", "%"), ("mean e2e s", "mean_e2e_s", ".2f"),
                     ("p95 e2e s", "p95_e2e_s", ".2f"), ("mean TTFT s", "mean_ttft_s", ".3f")]) + "\n")
         return Section("azure", [Experiment("azure", configs)], render)
+
+    def live_serving(self) -> Section:
+        """Serving runs in traces/live/ (``capture-traces serve``) replayed by the simulator under a
+        profile fitted on another run (experiments.validate): validation table and live Table 3
+        analogue with simulated beside measured gains; a note when there are no serving runs."""
+        return Section("live serving runs: measured vs simulated", render=lambda rows: live_report_section())
 
     def traces_section(self) -> str:
         """Which bundled traces fed the report, so partial recordings are visible beside the figures."""

@@ -605,7 +605,8 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
             store.write("steps", steps_table(rows))
 
         def on_finished(fins):
-            store.write("gen", serve_table(fins, by_id, planned_of, store.run, shift))
+            estimates = first_estimates(be.engine, by_id)
+            store.write("gen", serve_table(fins, by_id, planned_of, store.run, shift, estimates))
             stats["requests"] += len(fins)
             stats["generated_tokens"] += sum(f.output_tokens for f in fins)
             _write_json(store.dir / f"run-{store.run:03d}.json", stats)
@@ -695,6 +696,24 @@ def scheduler_stats(engine) -> dict | None:
     return fn() if callable(fn) else None
 
 
+def first_estimates(engine, known) -> dict[str, float]:
+    """The live scheduler's first length estimate of each finished request (``leap_requests()``),
+    by the served request id: vLLM's engine id is that id plus ``-`` and 8 random characters
+    (``InputProcessor.assign_request_id``), or the id itself with the randomisation disabled.
+    Empty without the live scheduler in this process; NaN estimates (no predictor) are left out."""
+    core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
+    fn = getattr(getattr(core, "scheduler", None), "leap_requests", None)
+    if not callable(fn):
+        return {}
+    got = fn()
+    out = {}
+    for engine_id, value in zip(got.get("request_id", []), got.get("first_predicted", [])):
+        rid = engine_id if engine_id in known else engine_id.rsplit("-", 1)[0]
+        if rid in known and value is not None and math.isfinite(value):
+            out[rid] = float(value)
+    return out
+
+
 def _write_sched_part(store, stats: dict) -> None:
     import pyarrow as pa
 
@@ -713,9 +732,11 @@ def _read_sched_parts(store):
     return pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive") if files else None
 
 
-def serve_table(fins, by_id, planned_of, run: int, shift: float):
-    """Request rows of a serving run (the trace contract plus planned_arrival_s, run and
-    source_output_tokens)."""
+def serve_table(fins, by_id, planned_of, run: int, shift: float, estimates: dict | None = None):
+    """Request rows of a serving run (the trace contract plus planned_arrival_s, run,
+    source_output_tokens, and predicted_tokens: the live scheduler's first length estimate, null
+    without one)."""
+    estimates = estimates or {}
     import pyarrow as pa
 
     rows = []
@@ -728,14 +749,15 @@ def serve_table(fins, by_id, planned_of, run: int, shift: float):
             finish_reason=f.finish_reason, max_tokens=r.length, arrival_s=f.arrival_s + shift,
             planned_arrival_s=planned_of[r.request_id], ttft_s=tt[0] if tt else None,
             e2e_s=tt[-1] if tt else None, token_times_s=tt or None, run=run,
-            source_output_tokens=r.source_output_tokens,
+            source_output_tokens=r.source_output_tokens, predicted_tokens=estimates.get(r.request_id),
             reference_output_tokens=r.reference_output_tokens))
     types = {"request_id": pa.string(), "domain": pa.string(), "prompt_id": pa.string(),
              "prompt_text": pa.string(), "prompt_tokens": pa.int32(), "output_tokens": pa.int32(),
              "finish_reason": pa.string(), "max_tokens": pa.int32(), "arrival_s": pa.float64(),
              "planned_arrival_s": pa.float64(), "ttft_s": pa.float64(), "e2e_s": pa.float64(),
              "token_times_s": pa.list_(pa.float64()), "run": pa.int32(),
-             "source_output_tokens": pa.int32(), "reference_output_tokens": pa.int32()}
+             "source_output_tokens": pa.int32(), "predicted_tokens": pa.float64(),
+             "reference_output_tokens": pa.int32()}
     return pa.table({k: pa.array([row[k] for row in rows], t) for k, t in types.items()})
 
 

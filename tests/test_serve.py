@@ -195,3 +195,26 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, case, monkeypatch, capsy
     assert len(err) == 1 and err[0].startswith("leap-serve: error:"), err
     assert not out.exists() and not out.with_name(out.name + ".parts").exists()
     assert not (tmp_path / "cache" / "live_capacity.json").exists()
+
+
+def test_first_estimates_recorded_as_predicted_tokens():
+    """The live scheduler's first estimate (``leap_requests()``, by vLLM's randomised engine id)
+    lands in the serving trace's ``predicted_tokens``; null where there is none."""
+    from types import SimpleNamespace
+
+    from capture.backend import Finished, GenRequest
+    from live.serve import ServeRequest, first_estimates, serve_table
+
+    reqs = {rid: ServeRequest(rid, "d", rid, (1, 2, 3), 9, 7, None) for rid in ("a-1", "a-12", "b")}
+    stats = {"request_id": ["a-1-1a2b3c4d", "a-12-ffffffff", "b-00000000", "zz-12345678"],
+             "first_predicted": [5.5, float("nan"), 3.0, 1.0], "finish_step": [1, 2, 3, 4],
+             "output_tokens": [7, 7, 7, 7], "seq": [0, 1, 2, 3]}
+    sched = SimpleNamespace(leap_requests=lambda: stats)
+    engine = SimpleNamespace(engine_core=SimpleNamespace(engine_core=SimpleNamespace(scheduler=sched)))
+    est = first_estimates(engine, reqs)
+    assert est == {"a-1": 5.5, "b": 3.0}
+    assert first_estimates(SimpleNamespace(), reqs) == {}        # vLLM's own scheduler: none
+    fins = [Finished(GenRequest(rid, [1, 2, 3]), 7, "length", [0.1] * 7, {}, arrival_s=0.5) for rid in reqs]
+    table = serve_table(fins, reqs, {rid: 0.4 for rid in reqs}, 0, 0.0, est)
+    assert table.column("predicted_tokens").to_pylist() == [5.5, None, 3.0]
+    assert serve_table(fins, reqs, {rid: 0.4 for rid in reqs}, 0, 0.0).column("predicted_tokens").null_count == 3
