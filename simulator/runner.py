@@ -134,9 +134,10 @@ class Prepared:
 
 
 def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = None,
-            record_steps: bool = False) -> Prepared:
-    """Load, validate and build everything; raises TraceError/ValueError before any output."""
-    trace = load_trace(config.trace)
+            record_steps: bool = False, trace: Trace | None = None) -> Prepared:
+    """Load, validate and build everything; raises TraceError/ValueError before any output.
+    ``trace``: ``config.trace`` already loaded (a sweep ships it to its workers once)."""
+    trace = trace if trace is not None else load_trace(config.trace)
     if config.tile is not None:
         trace = tile_trace(trace, config.tile)
     workload = trace if config.requests is None else trace.take(np.arange(min(config.requests, len(trace))))
