@@ -562,7 +562,8 @@ def tile_trace(trace: Trace, requests: int, shuffle_seed: int | None = None) -> 
             arrival = own[rows] - start + copy * period
             table = table.set_column(position, "arrival_s", pa.array(arrival, pa.float64()))
     meta = {**trace.metadata, "tiled": {"from_requests": base, "requests": requests, "shuffle_seed": shuffle_seed}}
-    validate_table(table, meta, trace.path or Path(f"<memory:{trace.name}>"))
+    # valid by construction (rows of a validated trace; ids unique as (id, copy) pairs; times finite and
+    # >= 0), so the validator's hash of a million ids is not paid again: tests/test_public_traces.py checks it
     digest = hashlib.sha256(f"{trace.content_hash}|tile|{requests}|{shuffle_seed}".encode()).hexdigest()
     return Trace(name=f"{trace.name}-x{requests}", path=trace.path, table=table, metadata=meta,
                  content_hash=digest, steps=trace.steps, decode_path=None)

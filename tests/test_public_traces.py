@@ -12,8 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.importers import IMPORTERS, detect_format, import_trace
-from core.trace import TraceError, load_trace, tile_trace, trace_from_arrays
+from core.trace import TraceError, load_trace, tile_trace, trace_from_arrays, validate_table
 from experiments.cli import main
+from predictors.base import PredictorOptions
 
 ARRIVALS = Path(__file__).resolve().parents[2] / "shared" / "data" / "arrivals"
 AZURE_CONV = ARRIVALS / "AzureLLMInferenceTrace_conv.csv"
@@ -174,6 +175,7 @@ def test_tiling_deterministic_gaps_repeated_ids_suffixed():
     # each copy starts one mean gap (2 s) after the previous copy's last arrival (4 s): period 6 s
     assert tiled.arrival_s.tolist() == [0.0, 1.0, 4.0, 6.0, 7.0, 10.0, 12.0, 13.0]
     assert tiled.output_tokens.tolist() == [3, 2, 1, 3, 2, 1, 3, 2] and tiled.name == "t-x8"
+    validate_table(tiled.table, tiled.metadata, Path("tiled"))   # valid by construction: tile_trace skips it
     again = tile_trace(base, 8)
     assert again.content_hash == tiled.content_hash and again.table.equals(tiled.table)
     assert tile_trace(base, 9).content_hash != tiled.content_hash
@@ -193,3 +195,33 @@ def test_simulate_tile(tmp_path, capsys):
     assert config["tile"] == 30 and config["requests_used"] == 30
     assert main(["--trace", str(path), "--arrivals", "recorded", "--requests", "30"]) == 2
     assert "--tile N" in capsys.readouterr().err
+
+
+def test_ray_sweep_ships_the_trace_once_per_worker(tmp_path):
+    """Six runs on a one-CPU local Ray: one trace put by the driver, fetched by one worker process
+    once (not per run), and the same summaries as the local executor."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed (extra 'ray')")
+    from experiments.sweep import run_many
+    from simulator.runner import RunConfig
+    from simulator.workload import ArrivalSpec
+
+    rows = "".join(f"2023-11-16 18:15:{i // 10:02d}.{i % 10}000000,{50 + 7 * i},{5 + (13 * i) % 40}\n"
+                   for i in range(120))
+    path = write(tmp_path, "AzureLLMInferenceTrace_conv.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    configs = [RunConfig(trace=str(path), predictor=p, policy="fcfs" if p == "none" else "countdown", load=None,
+                         arrivals=ArrivalSpec("recorded"), seed=s, predictor_options=PredictorOptions(seed=s, noise_mae=20))
+               for p in ("none", "oracle", "noisy-oracle") for s in (0, 1)]
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        stats = {}
+        shipped = run_many(configs, executor="ray", stats=stats, out=tmp_path / "ray")
+    finally:
+        ray.shutdown()
+    assert stats == {"traces_shipped": 1, "trace_fetches": 1}
+    local = run_many(configs, jobs=1, out=tmp_path / "local")
+
+    def simulated(rows):
+        return [{k: v for k, v in r.items() if k != "sim_cpu_s"} for r in rows]
+
+    assert simulated(shipped) == simulated(local)
+    assert (tmp_path / "ray" / "results.parquet").read_bytes() == (tmp_path / "local" / "results.parquet").read_bytes()
