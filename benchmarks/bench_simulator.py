@@ -22,29 +22,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.trace import REQUIRED_COLUMNS, bundled_trace_names, load_trace  # noqa: E402
+from core.trace import REQUIRED_COLUMNS, bundled_trace_names, load_trace, tile_trace  # noqa: E402
 from simulator.runner import RunConfig, execute, prepare  # noqa: E402
 
 TILE_SEED = 0
 
 
 def tiled_trace(name: str, requests: int, folder: Path) -> tuple[str, int]:
-    """The trace itself when it has enough requests, else the path of a tiled copy; and its size."""
-    import numpy as np
-    import pyarrow as pa
+    """The trace itself when it has enough requests, else the path of a tiled copy (the project's
+    one tiling, :func:`core.trace.tile_trace`, each copy shuffled); and its size."""
     import pyarrow.parquet as pq
 
     trace = load_trace(name)
     n = len(trace)
     if requests <= n:
         return name, n
-    rng = np.random.default_rng(TILE_SEED)
-    copies = -(-requests // n)
-    rows = np.concatenate([rng.permutation(n) for _ in range(copies)])[:requests]
-    copy = np.repeat(np.arange(copies), n)[:requests]
-    table = trace.table.select(list(REQUIRED_COLUMNS)).take(pa.array(rows))
-    ids = [f"{rid}#{c}" for rid, c in zip(table.column("request_id").to_pylist(), copy.tolist())]
-    table = table.set_column(0, "request_id", pa.array(ids, pa.string()))
+    table = tile_trace(trace, requests, shuffle_seed=TILE_SEED).table.select(list(REQUIRED_COLUMNS))
     path = folder / f"{trace.name}-x{requests}.parquet"
     pq.write_table(table.replace_schema_metadata(trace.table.schema.metadata), path)
     return str(path), n

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from core.io import shareable_path
@@ -370,8 +371,8 @@ def validate_table(table: pa.Table, meta: dict, path: Path) -> None:
         if column in REQUIRED_COLUMNS and table.column(column).null_count:
             row = _first_true(_is_null(table.column(column)))
             raise TraceError(f"trace {path}: column {column}: row {row}: null value")
-    ids = table.column("request_id").to_pylist()
-    if len(set(ids)) != n:
+    if pc.count_distinct(table.column("request_id")).as_py() != n:   # vectorised; the loop only names the row
+        ids = table.column("request_id").to_pylist()
         seen: set = set()
         for row, rid in enumerate(ids):
             if rid in seen:
@@ -386,11 +387,12 @@ def validate_table(table: pa.Table, meta: dict, path: Path) -> None:
             row = _first_true(values > MAX_REQUEST_TOKENS)
             raise TraceError(f"trace {path}: column {column}: row {row}: {values[row]} tokens is beyond any "
                              f"model's context (limit {MAX_REQUEST_TOKENS:,}); a corrupt value?")
-    reasons = table.column("finish_reason").to_pylist()
-    for row, reason in enumerate(reasons):
-        if reason not in FINISH_REASONS:
-            raise TraceError(f"trace {path}: column finish_reason: row {row}: {reason!r} is not "
-                             f"'stop' or 'length'")
+    known = pc.is_in(table.column("finish_reason"), value_set=pa.array(sorted(FINISH_REASONS)))
+    if not pc.all(known).as_py():
+        row = _first_true(~known.to_numpy(zero_copy_only=False))
+        reason = table.column("finish_reason")[row].as_py()
+        raise TraceError(f"trace {path}: column finish_reason: row {row}: {reason!r} is not "
+                         f"'stop' or 'length'")
     out = table.column("output_tokens").to_numpy()
     cap = table.column("max_tokens").to_numpy()
     if (out > cap).any():
@@ -453,11 +455,19 @@ _CACHE: dict[tuple[str, float, int], Trace] = {}
 
 
 def load_trace(path_or_name: str | os.PathLike) -> Trace:
-    """Read and validate a trace (path or bundled name). Raises :class:`TraceError`."""
+    """Read and validate a trace (path or bundled name). Raises :class:`TraceError`. Public
+    lengths-only traces (``.csv``, ``.jsonl``, a Parquet of token counts without the contract's
+    metadata) are imported on the way (:mod:`core.importers`)."""
     path = resolve_trace_path(path_or_name)
     stat = path.stat()
     key = (str(path.resolve()), stat.st_mtime, stat.st_size)
     if key in _CACHE:
+        return _CACHE[key]
+    from core.importers import detect_format, import_trace   # same floor; importers build on this module
+
+    fmt = detect_format(path)
+    if fmt is not None:   # a public lengths-only trace (Azure, Mooncake, a CSV/Parquet of token counts)
+        _CACHE[key] = import_trace(path, fmt)
         return _CACHE[key]
     table = _read_parquet(path)
     meta = read_metadata(table, path)
@@ -515,3 +525,45 @@ def trace_from_arrays(name: str, prompt_tokens, output_tokens, *, max_tokens: in
     for column in sorted(features or {}):
         digest.update(np.ascontiguousarray(features[column], dtype=np.float32).tobytes())
     return Trace(name=name, path=None, table=table, metadata=meta, content_hash=digest.hexdigest())
+
+
+def tile_trace(trace: Trace, requests: int, shuffle_seed: int | None = None) -> Trace:
+    """``trace`` repeated to ``requests`` requests for scaling studies: whole copies cut to the count,
+    ids suffixed ``#COPY`` (``azure-conv-000123#4``), deterministic.
+
+    Copies follow in trace order; with recorded ``arrival_s`` each copy starts one mean gap after
+    the previous copy's last arrival, so the arrival gaps repeat and the mean rate is kept. With
+    ``shuffle_seed`` each copy is a permutation of the trace (fixed seed) and ``arrival_s`` is left
+    out (a shuffled copy has no recorded times): the tiling the speed benchmark replays under
+    Poisson arrivals. Features and every other column travel with their rows."""
+    base = len(trace)
+    if requests < 1:
+        raise ValueError(f"tile: need at least 1 request, got {requests}")
+    copies = -(-requests // base)
+    copy = np.repeat(np.arange(copies, dtype=np.int64), base)[:requests]
+    if shuffle_seed is None:
+        rows = np.tile(np.arange(base, dtype=np.int64), copies)[:requests]
+    else:
+        rng = np.random.default_rng(shuffle_seed)
+        rows = np.concatenate([rng.permutation(base) for _ in range(copies)])[:requests]
+    table = trace.table.take(pa.array(rows))
+    suffix = pc.cast(pa.array(copy), pa.string())
+    ids = pc.binary_join_element_wise(table.column("request_id"), suffix, "#")
+    table = table.set_column(table.column_names.index("request_id"), "request_id", ids)
+    if "arrival_s" in table.column_names:
+        position = table.column_names.index("arrival_s")
+        own = trace.arrival_s
+        if shuffle_seed is not None or own is None:
+            table = table.remove_column(position)
+        else:
+            start = float(own.min())
+            span = float(own.max()) - start
+            period = span + (span / (base - 1) if base > 1 else 0.0)
+            arrival = own[rows] - start + copy * period
+            table = table.set_column(position, "arrival_s", pa.array(arrival, pa.float64()))
+    meta = {**trace.metadata, "tiled": {"from_requests": base, "requests": requests, "shuffle_seed": shuffle_seed}}
+    # valid by construction (rows of a validated trace; ids unique as (id, copy) pairs; times finite and
+    # >= 0), so the validator's hash of a million ids is not paid again: tests/test_public_traces.py checks it
+    digest = hashlib.sha256(f"{trace.content_hash}|tile|{requests}|{shuffle_seed}".encode()).hexdigest()
+    return Trace(name=f"{trace.name}-x{requests}", path=trace.path, table=table, metadata=meta,
+                 content_hash=digest, steps=trace.steps, decode_path=None)

@@ -80,8 +80,9 @@ def _float(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Replay a recorded LLM serving trace under a length-aware scheduler.")
-    p.add_argument("--trace", help="bundled trace name or path to a trace .parquet "
-                   f"(default: {DEFAULT_TRACES[0]}, else {DEFAULT_TRACES[1]})")
+    p.add_argument("--trace", help="bundled trace name, path to a trace .parquet, or a public lengths-only "
+                   "trace (Azure LLM inference .csv, Mooncake .jsonl, a .csv/.parquet of prompt and output token "
+                   f"counts) (default: {DEFAULT_TRACES[0]}, else {DEFAULT_TRACES[1]})")
     p.add_argument("--predictor", help=f"comma list of {', '.join([*PREDICTORS, NO_PREDICTOR])}, or 'all' "
                    f"(default: FCFS and {DEFAULT_PREDICTOR} when the trace has hidden-state features, else FCFS and oracle)")
     p.add_argument("--policy", help=f"comma list of {', '.join(POLICIES)} (default: countdown, or fcfs "
@@ -97,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "recording (caps, token budget, chunked prefill, decodes in the budget); explicit engine "
                    "flags override single settings")
     p.add_argument("--requests", type=_int("requests", 1), help="use the first N requests of the trace")
+    p.add_argument("--tile", type=_int("tile", 1), help="repeat the trace to N requests first (whole copies in "
+                   "trace order, arrival gaps repeated, ids suffixed #COPY), for scaling studies")
     p.add_argument("--seed", type=_int("seed", 0), default=0, help="first seed")
     p.add_argument("--seeds", type=_int("seeds", 1), default=1, help="run seeds seed .. seed+N-1")
     p.add_argument("--jobs", type=_int("jobs", 1), default=None,
@@ -154,6 +157,7 @@ def _configs(args) -> list[RunConfig]:
     for name in predictors:
         if name != NO_PREDICTOR and name not in PREDICTORS:
             raise UsageError(f"unknown predictor {name!r} (choose from {', '.join([*PREDICTORS, NO_PREDICTOR])})")
+    _check_lengths_only(trace_name, predictors)
     policies = _split(args.policy) if args.policy is not None else [None]
     for name in policies:
         if name is None:
@@ -194,11 +198,24 @@ def _configs(args) -> list[RunConfig]:
             continue
         planned.add((seed, load, predictor, policy))
         configs.append(RunConfig(trace=trace_name, predictor=predictor, policy=policy, engine=args.engine,
-                                 load=load, arrivals=arrivals, requests=args.requests, seed=seed,
+                                 load=load, arrivals=arrivals, requests=args.requests, seed=seed, tile=args.tile,
                                  engine_config=engine_config, preset=args.preset, engine_overrides=overrides,
                                  predictor_options=dataclasses.replace(options, seed=seed),
                                  charge_cost=args.predictor_cost == "charged"))
     return configs
+
+
+def _check_lengths_only(trace_name: str, predictors: list[str]) -> None:
+    """A public trace (token counts and times only) serves the oracles and FCFS; any other predictor
+    is refused up front, naming the columns it reads."""
+    trace = load_trace(trace_name)
+    if not trace.metadata.get("lengths_only"):
+        return
+    for name in predictors:
+        missing = [c for c in getattr(PREDICTORS.get(name), "requires", ()) if not trace.has_feature(c)]
+        if missing:
+            raise UsageError(f"predictor {name!r} needs trace column(s) {', '.join(missing)}, recorded by "
+                             f"capture-traces; trace {trace.name} is lengths-only: use oracle, noisy-oracle or none")
 
 
 def _seconds(value) -> str:
@@ -294,6 +311,14 @@ def _print_table(summaries: list[dict], wide: bool = False) -> None:
                           f"{_seconds(s['p95_e2e_s'])} s ({p95:+.0%})", highlight=False, soft_wrap=True)
 
 
+def _note_import(trace) -> None:
+    """One line on stderr when importing a public trace dropped rows (0 prompt or 0 output tokens)."""
+    info = trace.metadata.get("import") or {}
+    if info.get("dropped_zero_tokens"):
+        print(f"{PROG}: note: trace {trace.name}: dropped {info['dropped_zero_tokens']} of {info['rows']} rows "
+              "with 0 prompt or 0 output tokens", file=sys.stderr)
+
+
 def _load_text(load: float | None) -> str:
     return "as recorded" if load is None else f"{load:g}x"
 
@@ -339,6 +364,7 @@ def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int
     """The command; output folders it makes are listed in ``created`` (see :func:`main`)."""
     args = build_parser().parse_args(argv)
     configs = _configs(args)
+    _note_import(load_trace(configs[0].trace))
     if args.plots and args.out is None:
         raise UsageError("--plots needs --out DIR")
     if args.plots:

@@ -9,6 +9,14 @@ folder is complete once its ``summary.json`` is in place (written last, removed 
 is redone), and a later sweep into the same ``--out`` reuses it when its stored ``config.json``
 equals the planned run's resolved configuration (trace and arrival content hashes, settings,
 seed, code hash), so rerunning an interrupted command finishes only the missing runs.
+
+Streaming: with ``--out``, the tidy ``results.parquet``/``results.csv`` are rewritten (atomically,
+at most once a second, and once at the end or on a stop) from the runs finished so far, in
+configuration order, so a stopped or killed sweep leaves a valid partial table.
+
+Shipping: on Ray, the driver loads each trace once and puts it in the object store; a worker
+process fetches it once (cached by content hash) and reuses it for every run it gets, instead of
+reading and validating the file per run.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +37,7 @@ from typing import Callable
 import pyarrow as pa
 
 from core.io import atomic_write_bytes, atomic_write_json, atomic_write_parquet
+from core.trace import Trace, load_trace
 from simulator.metrics import requests_table, simulated_only
 from simulator.runner import Prepared, RunConfig, execute, prepare
 
@@ -82,9 +92,11 @@ def completed_summary(config: RunConfig, target: str | Path, prepared: Prepared 
     return summary if stored == planned_record(prepared if prepared is not None else prepare(config)) else None
 
 
-def run_one(config: RunConfig, out: str | None = None, prepared: Prepared | None = None) -> dict:
-    """Prepare (unless given), run, optionally write the run's files; returns its summary."""
-    prepared = prepared if prepared is not None else prepare(config)
+def run_one(config: RunConfig, out: str | None = None, prepared: Prepared | None = None,
+            trace: Trace | None = None) -> dict:
+    """Prepare (unless given; from ``trace`` when the caller has loaded it), run, optionally write
+    the run's files; returns its summary."""
+    prepared = prepared if prepared is not None else prepare(config, trace=trace)
     if out is not None:   # an old summary must not vouch for files being replaced
         (Path(out) / SUMMARY_FILE).unlink(missing_ok=True)
     summary, result = execute(prepared)
@@ -141,7 +153,30 @@ def _signals_ignored():
             signal.signal(s, handler)
 
 
-def _ray_run(configs, outs, todo, results, on_done):
+#: Per worker process: the trace shipped by the driver, by content hash (one sweep's at a time).
+_SHIPPED: dict[str, Trace] = {}
+
+
+def _run_shipped(config: RunConfig, out: str | None, key: str, box: list) -> tuple[dict, bool]:
+    """A Ray task: the run, from the shipped trace (fetched once per worker process; the ref comes
+    in a list so that Ray does not fetch it for every task). Returns (summary, fetched here)."""
+    fetched = key not in _SHIPPED
+    if fetched:
+        import ray
+
+        _SHIPPED.clear()
+        _SHIPPED[key] = ray.get(box[0])
+    return run_one(config, out, trace=_SHIPPED[key]), fetched
+
+
+def ship_form(trace: Trace) -> Trace:
+    """The trace without what a process computed from it (Python id lists, feature matrices): only
+    the Arrow table and metadata cross to the workers."""
+    return Trace(name=trace.name, path=trace.path, table=trace.table, metadata=trace.metadata,
+                 content_hash=trace.content_hash, steps=trace.steps, decode_path=trace.decode_path)
+
+
+def _ray_run(configs, outs, todo, results, on_done, stats):
     try:
         import ray
     except ImportError:
@@ -152,15 +187,23 @@ def _ray_run(configs, outs, todo, results, on_done):
                  configure_logging=False)
     refs = []
     try:
-        remote = ray.remote(run_one)
-        refs = [remote.remote(configs[i], outs[i]) for i in todo]
+        remote = ray.remote(_run_shipped)
+        shipped = {}   # config.trace -> (content hash, [object ref]): each trace put once
+        for i in todo:
+            if configs[i].trace not in shipped:
+                trace = load_trace(configs[i].trace)
+                shipped[configs[i].trace] = (trace.content_hash, [ray.put(ship_form(trace))])
+        refs = [remote.remote(configs[i], outs[i], *shipped[configs[i].trace]) for i in todo]
         index = {ref: i for ref, i in zip(refs, todo)}
         pending = list(refs)
+        stats["traces_shipped"] = len(shipped)
+        stats["trace_fetches"] = 0
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for ref in done:
-                results[index[ref]] = ray.get(ref)
-                on_done()
+                results[index[ref]], fetched = ray.get(ref)
+                stats["trace_fetches"] += fetched
+                on_done(index[ref])
     except BaseException:
         with _signals_ignored():
             for ref in refs:
@@ -179,7 +222,7 @@ def _local_run(configs, outs, todo, results, jobs, on_done):
     if jobs <= 1 or len(todo) <= 1:
         for i in todo:
             results[i] = run_one(configs[i], outs[i])
-            on_done()
+            on_done(i)
         return
     before = set(multiprocessing.active_children())
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), initializer=_worker_init,
@@ -191,7 +234,7 @@ def _local_run(configs, outs, todo, results, jobs, on_done):
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
                 results[futures[future]] = future.result()
-                on_done()
+                on_done(futures[future])
     except BaseException:   # interrupted or a run failed: stop the others now, not after they finish
         with _signals_ignored():
             workers = [p for p in multiprocessing.active_children() if p not in before]
@@ -222,16 +265,45 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+class ResultsStream:
+    """The tidy results table of a sweep kept current while it runs: each finished run's summary
+    goes in, and ``results.parquet``/``results.csv`` are rewritten atomically (the finished runs in
+    configuration order, relative changes among them) at most every ``interval_s`` and on
+    :meth:`flush`, so a sweep stopped or killed at any moment leaves a valid partial table."""
+
+    def __init__(self, out: Path, interval_s: float = 1.0):
+        self.out, self.interval_s = out, interval_s
+        self.finished: dict[int, dict] = {}
+        self.written = 0          # runs in the table on disk
+        self._last = 0.0
+
+    def add(self, index: int, summary: dict) -> None:
+        self.finished[index] = summary
+        if time.monotonic() - self._last >= self.interval_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.finished or self.written == len(self.finished):
+            return
+        summaries = [dict(self.finished[i]) for i in sorted(self.finished)]
+        add_relative_changes(summaries)
+        write_results(self.out, summaries)
+        self.written, self._last = len(summaries), time.monotonic()
+
+
 def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1, executor: str = "local",
              on_done: Callable[[], None] = lambda: None, prepared: Prepared | None = None,
-             resume: bool = True, notify: Callable[[str], None] = _stderr) -> list[dict]:
+             resume: bool = True, notify: Callable[[str], None] = _stderr,
+             stats: dict | None = None) -> list[dict]:
     """Run every configuration; with ``out``, each run writes to ``out/<slug>/`` (or ``out`` if one).
 
     ``prepared`` (a single configuration only) is the caller's already prepared run, used as is
     so that a checked run is not built twice. With ``resume``, a run whose folder already holds a
     complete run of the same resolved configuration is not run again: its stored summary is used
     (``notify`` gets one line saying how many). SIGINT/SIGTERM raise :class:`SweepInterrupted`
-    after stopping the workers; finished runs stay on disk."""
+    after stopping the workers; finished runs stay on disk. With ``out`` and several configurations
+    the results table streams (:class:`ResultsStream`). ``stats`` (Ray) receives
+    ``traces_shipped`` and ``trace_fetches`` (worker processes that fetched a trace)."""
     if prepared is not None and (len(configs) != 1 or prepared.config != configs[0]):
         raise ValueError("run_many: prepared must belong to the single configuration given")
     if executor not in EXECUTORS:
@@ -243,6 +315,14 @@ def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1
     else:
         outs = [str(out / run_slug(c)) for c in configs]
     results: list[dict | None] = [None] * len(configs)
+    stream = ResultsStream(out) if out is not None and len(configs) > 1 else None
+    stats = stats if stats is not None else {}
+
+    def finished(i: int) -> None:
+        if stream is not None:
+            stream.add(i, results[i])
+        on_done()
+
     try:
         with sigterm_raises_stopped():
             if resume and out is not None:
@@ -251,20 +331,25 @@ def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1
                 skipped = sum(r is not None for r in results)
                 if skipped:
                     notify(f"skipped {skipped} of {len(configs)} runs already complete in {out} (same config)")
-                    for _ in range(skipped):
-                        on_done()
+                    for i, r in enumerate(results):
+                        if r is not None:
+                            finished(i)
             todo = [i for i, r in enumerate(results) if r is None]
             if executor == "ray":
-                _ray_run(configs, outs, todo, results, on_done)
+                _ray_run(configs, outs, todo, results, finished, stats)
             elif prepared is not None and todo:
                 results[0] = run_one(configs[0], outs[0], prepared)
-                on_done()
+                finished(0)
             else:
-                _local_run(configs, outs, todo, results, jobs, on_done)
+                _local_run(configs, outs, todo, results, jobs, finished)
+            if stream is not None:
+                stream.flush()
     except (KeyboardInterrupt, Stopped) as stop:
         signum = stop.signum if isinstance(stop, Stopped) else int(signal.SIGINT)
         with _signals_ignored():
             _tidy_unfinished(outs, results)
+            if stream is not None:
+                stream.flush()
         # a worker may have finished a run whose result had not reached this process yet
         finished = sum(r is not None or (t is not None and (Path(t) / SUMMARY_FILE).exists())
                        for r, t in zip(results, outs))

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from core.trace import Trace, load_trace, trace_reference
+from core.trace import Trace, load_trace, tile_trace, trace_reference
 from policies import make_policy
 from predictors import make_predictor
 from predictors.base import PredictorOptions
@@ -61,6 +61,7 @@ class RunConfig:
     arrivals: ArrivalSpec = field(default_factory=ArrivalSpec)
     requests: int | None = None
     seed: int = 0
+    tile: int | None = None             # repeat the trace to this many requests first (scaling studies)
     engine_config: EngineConfig = field(default_factory=EngineConfig)
     predictor_options: PredictorOptions = field(default_factory=PredictorOptions)
     charge_cost: bool = True
@@ -76,6 +77,8 @@ class RunConfig:
             raise ValueError(f"load must be a positive multiple of capacity, got {self.load}")
         if self.requests is not None and self.requests < 1:
             raise ValueError(f"--requests must be >= 1, got {self.requests}")
+        if self.tile is not None and self.tile < 1:
+            raise ValueError(f"--tile must be >= 1, got {self.tile}")
         if not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"--seed must be between 0 and 2**63 - 1 (stored as int64), got {self.seed}")
         if self.preset is not None and self.preset not in PRESETS:
@@ -97,6 +100,8 @@ class RunConfig:
         d["arrivals"] = self.arrivals.describe()
         d["trace"] = trace_reference(self.trace)        # no absolute paths in shared outputs
         d["predictor_options"]["train_trace"] = trace_reference(self.predictor_options.train_trace)
+        if self.tile is None:     # keep the config.json of untiled runs as it was
+            del d["tile"]
         if self.preset is None:   # keep the config.json of runs without a preset as it was
             del d["preset"], d["engine_overrides"]
         else:
@@ -129,12 +134,16 @@ class Prepared:
 
 
 def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = None,
-            record_steps: bool = False) -> Prepared:
-    """Load, validate and build everything; raises TraceError/ValueError before any output."""
-    trace = load_trace(config.trace)
+            record_steps: bool = False, trace: Trace | None = None) -> Prepared:
+    """Load, validate and build everything; raises TraceError/ValueError before any output.
+    ``trace``: ``config.trace`` already loaded (a sweep ships it to its workers once)."""
+    trace = trace if trace is not None else load_trace(config.trace)
+    if config.tile is not None:
+        trace = tile_trace(trace, config.tile)
     workload = trace if config.requests is None else trace.take(np.arange(min(config.requests, len(trace))))
     if config.requests is not None and config.requests > len(trace):
-        raise ValueError(f"--requests {config.requests}: trace {trace.name!r} has only {len(trace)} requests")
+        raise ValueError(f"--requests {config.requests}: trace {trace.name!r} has only {len(trace)} requests"
+                         f"{'' if config.tile else ' (--tile N repeats it to N)'}")
     policy = make_policy(config.policy)
     predictor = None if config.predictor == NO_PREDICTOR else make_predictor(config.predictor, config.predictor_options)
     if predictor is None and policy.uses_predictions:

@@ -99,7 +99,40 @@ def test_signal_stops_sweep_fast_keeps_finished_runs(tmp_path, env, signum):
     assert 1 <= finished < RUNS
     assert lines[0] == f"simulate: interrupted: {finished} of {RUNS} runs finished, kept in {out}"
     assert not [p for p in workers if alive(p)], "orphan workers"
-    assert not (out / "results.parquet").exists()   # no partial results table
+    check_partial_results(out, finished)
+
+
+def check_partial_results(out: Path, finished: int) -> int:
+    """The streamed results table of a stopped sweep: valid Parquet and CSV, one row per run whose
+    result reached the parent (at most the complete folders), each equal to its folder's summary."""
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    if not (out / "results.parquet").exists():
+        return 0
+    table = pq.read_table(out / "results.parquet")
+    assert 1 <= table.num_rows <= finished
+    assert pacsv.read_csv(out / "results.csv").num_rows == table.num_rows
+    for row in table.to_pylist():
+        at = f"{row['load']:g}x"
+        summary = json.loads((out / f"{row['predictor']}-{row['policy']}-{at}-seed{row['seed']}" / "summary.json")
+                             .read_text())
+        assert row["mean_e2e_s"] == summary["mean_e2e_s"] and row["completed"] == summary["completed"]
+    return table.num_rows
+
+
+def test_results_table_streams_and_survives_a_stop(tmp_path, env):
+    """Each finished run reaches results.parquet while the sweep runs; SIGINT leaves it valid."""
+    out = tmp_path / "sweep"
+    proc, _ = start_and_wait_for_a_finished_run(out, env)
+    deadline = time.monotonic() + 30
+    while not (out / "results.parquet").exists():   # streamed before the sweep ends
+        assert proc.poll() is None and time.monotonic() < deadline, "no streamed results table"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert check_partial_results(out, check_run_folders(out)) >= 1
 
 
 def test_rerun_skips_finished_runs_and_matches_an_uninterrupted_sweep(tmp_path, env, capsys):
