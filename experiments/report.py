@@ -35,6 +35,7 @@ from typing import Callable
 import numpy as np
 
 from core.arrivals import parse_load
+from core.cli import OneLineParser, run_command
 from core.io import DATA_DIR_ENV, DataDirMissing, atomic_write_bytes, data_dir
 from core.trace import TraceError, bundled_trace_names, load_trace
 from experiments.sweep import (Stopped, SweepInterrupted, add_relative_changes, run_many, run_slug,
@@ -434,7 +435,13 @@ def _move_into_place(stage: Path, out: Path) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="leap-report", description=__doc__.splitlines()[0])
+    """``leap-report``: bad input is one line and exit 2 (``core.cli``); output is replaced only
+    when the whole report is written."""
+    return run_command(_report, argv, "leap-report", input_errors=(TraceError, ValueError, OSError))
+
+
+def _report(argv: list[str]) -> int:
+    ap = OneLineParser(prog="leap-report", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "docs")
     ap.add_argument("--requests", type=int, default=None, help="first N requests of each trace (CI: small)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -470,10 +477,9 @@ def main(argv=None) -> int:
             _move_into_place(stage, args.out)
     except BrokenPipeError:   # a closed output pipe: experiments.entry ends quietly
         raise
-    except (TraceError, ValueError, OSError) as exc:
+    except (TraceError, ValueError, OSError):
         _close(progress)
-        print(f"leap-report: error: {exc}", file=sys.stderr)
-        return 2
+        raise   # one line, exit 2 (core.cli.run_command)
     except (KeyboardInterrupt, Stopped, SweepInterrupted) as exc:
         _close(progress)
         code = exc.exit_code if isinstance(exc, SweepInterrupted) else 128 + getattr(exc, "signum", signal.SIGINT)

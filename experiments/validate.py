@@ -16,12 +16,12 @@ Nothing here is tuned on the run it validates.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 import numpy as np
 
+from core.cli import OneLineParser, run_command
 from core.trace import Trace, TraceError, load_trace
 from simulator.preset import closed_loop_window
 from simulator.profiles import FITTED_FROM
@@ -118,7 +118,12 @@ def report_section(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description="Replay recorded traces as they ran, with a step "
+    """``leap-validate``: bad input is one line and exit 2 (``core.cli``)."""
+    return run_command(_validate, argv, PROG, input_errors=(TraceError, ValueError, OSError))
+
+
+def _validate(argv: list[str]) -> int:
+    p = OneLineParser(prog=PROG, description="Replay recorded traces as they ran, with a step "
                                 "profile fitted on a different trace, and compare with the measurements.")
     p.add_argument("traces", nargs="*", help=f"traces (default: {', '.join(BATCH_TRACES)})")
     p.add_argument("--profile-from", help=f"trace whose steps the profile is fitted on (default: {DEFAULT_PROFILE_FROM}; "
@@ -126,29 +131,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--matrix", action="store_true", help="every (trace, profile-from) pair of distinct traces")
     p.add_argument("--requests", type=int, help="replay only the first N requests")
     p.add_argument("--json", action="store_true", help="one JSON object per run")
-    try:
-        args = p.parse_args(argv)
-        names = args.traces or list(BATCH_TRACES)
-        traces = [load_trace(n) for n in names]
-        if args.requests is not None and args.requests < 1:
-            raise ValueError("--requests must be >= 1")
-        pairs = []
-        for t in traces:
-            if args.matrix:
-                pairs += [(t, load_trace(o)) for o in BATCH_TRACES if o != t.name]
-            else:
-                src = args.profile_from or (DEFAULT_PROFILE_FROM if t.name != DEFAULT_PROFILE_FROM else "math")
-                pairs.append((t, load_trace(src)))
-        rows = []
-        for t, src in pairs:
-            rows.append(validate_one(t, src, args.requests))
-            if args.json:
-                print(json.dumps(rows[-1], sort_keys=True), flush=True)
-    except BrokenPipeError:   # a closed output pipe: experiments.entry ends quietly
-        raise
-    except (TraceError, ValueError, OSError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+    args = p.parse_args(argv)
+    names = args.traces or list(BATCH_TRACES)
+    traces = [load_trace(n) for n in names]
+    if args.requests is not None and args.requests < 1:
+        raise ValueError("--requests must be >= 1")
+    pairs = []
+    for t in traces:
+        if args.matrix:
+            pairs += [(t, load_trace(o)) for o in BATCH_TRACES if o != t.name]
+        else:
+            src = args.profile_from or (DEFAULT_PROFILE_FROM if t.name != DEFAULT_PROFILE_FROM else "math")
+            pairs.append((t, load_trace(src)))
+    rows = []
+    for t, src in pairs:
+        rows.append(validate_one(t, src, args.requests))
+        if args.json:
+            print(json.dumps(rows[-1], sort_keys=True), flush=True)
     if not args.json:
         print(report_section(rows), end="")
     return 0
