@@ -40,7 +40,7 @@ class _Shard:
     side_meta: dict  # side table name -> that table's own metadata
 
     @classmethod
-    def read(cls, path: Path) -> "_Shard":
+    def read(cls, path: Path) -> _Shard:
         if not path.is_file():
             raise CaptureError(f"no such file: {path}")
         meta = read_meta(path)

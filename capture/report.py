@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -21,8 +20,7 @@ import numpy as np
 from core.cli import OneLineParser
 from core.metrics import spearman
 from core.readout import fit_readout, out_of_fold_predictions
-from core.trace import (METADATA_KEY, SCHEMA_VERSION, Trace, TraceError, load_trace, trace_content_hash,
-                        validate_table)
+from core.trace import METADATA_KEY, SCHEMA_VERSION, Trace, TraceError, load_trace, trace_content_hash, validate_table
 
 from . import CaptureError
 

@@ -68,13 +68,14 @@ def run_command(command: Callable[[list[str]], int | None], argv: Sequence[str] 
     command's own bad-input exceptions besides :class:`UsageError` (e.g. ``TraceError``, ``OSError``
     where every OS error is about a named input or output path)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    bad_input: tuple[type[BaseException], ...] = (UsageError, *input_errors)
     try:
         status = command(args)
         return 0 if status is None else int(status)
     except BrokenPipeError:   # first: it is an OSError, which some commands count as bad input
         quiet_stdout()
         return BROKEN_PIPE_STATUS
-    except (UsageError, *input_errors) as exc:
+    except bad_input as exc:
         say(prog, f"error: {first_line(exc)}")
         return USAGE_STATUS
     except SystemExit as exc:   # --help / --version: argparse printed what was asked

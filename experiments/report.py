@@ -20,7 +20,6 @@ or Ctrl-C leaves the previous report as it was. Progress goes to stderr, one lin
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import shutil
@@ -28,9 +27,9 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -38,8 +37,15 @@ from core.arrivals import parse_load
 from core.cli import OneLineParser, run_command
 from core.io import DATA_DIR_ENV, DataDirMissing, atomic_write_bytes, data_dir
 from core.trace import TraceError, bundled_trace_names, load_trace
-from experiments.sweep import (Stopped, SweepInterrupted, add_relative_changes, run_many, run_slug,
-                               sigterm_raises_stopped, write_results)
+from experiments.sweep import (
+    Stopped,
+    SweepInterrupted,
+    add_relative_changes,
+    run_many,
+    run_slug,
+    sigterm_raises_stopped,
+    write_results,
+)
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.runner import NO_PREDICTOR, RunConfig, prepare
@@ -193,8 +199,9 @@ class Report:
             for experiment in section.experiments:
                 n = len(experiment.configs)
                 finished = iter(range(1, n + 1))
-                rows[experiment.name] = self.run(
-                    experiment, on_done=lambda: progress.run_finished(experiment.name, next(finished), n))
+                rows[experiment.name] = self.run(   # on_done runs within this call: bound now anyway
+                    experiment, on_done=lambda name=experiment.name, finished=finished, n=n:
+                    progress.run_finished(name, next(finished), n))
             if not section.experiments and section.title:
                 progress.say(section.title)
             texts.append(section.render(rows))

@@ -20,10 +20,10 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 import pyarrow as pa
 

@@ -368,7 +368,7 @@ def serve_main(argv) -> int:
         src = load_trace(args.source)
     except TraceError as e:
         raise CaptureError(str(e)) from None
-    from capture.model import check_model_dir, model_id, model_revision, read_config
+    from capture.model import check_model_dir, model_revision, read_config
 
     model_dir = check_model_dir(args.model)
     cfg = read_config(model_dir)
@@ -621,9 +621,8 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
             _write_sched_part(store, sched)
         sched_table = _read_sched_parts(store)
         if sched_table is not None:  # side tables before the trace (finalize writes it last)
-            from core.trace import side_table_path
-
             from capture.store import atomic_write_table
+            from core.trace import side_table_path
             atomic_write_table(sched_table, side_table_path(out, "sched"),
                                {"schema_version": 1, "table": "sched", "trace": out.name,
                                 "source": "live scheduler leap_stats(), one row per entry; run = segment"})

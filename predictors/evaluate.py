@@ -25,7 +25,7 @@ import argparse
 import json
 import math
 import sys
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
