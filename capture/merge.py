@@ -40,7 +40,7 @@ class _Shard:
     side_meta: dict  # side table name -> that table's own metadata
 
     @classmethod
-    def read(cls, path: Path) -> "_Shard":
+    def read(cls, path: Path) -> _Shard:
         if not path.is_file():
             raise CaptureError(f"no such file: {path}")
         meta = read_meta(path)
@@ -159,10 +159,10 @@ def _merge_crosscheck(metas) -> dict:
 
 
 def merge_main(argv) -> int:
-    import argparse
+    from core.cli import OneLineParser
 
-    ap = argparse.ArgumentParser(prog="capture-traces merge",
-                                 description="merge shard traces (same settings, disjoint prompts) into one")
+    ap = OneLineParser(prog="capture-traces merge",
+                       description="merge shard traces (same settings, disjoint prompts) into one")
     ap.add_argument("out", type=Path, metavar="OUT.parquet")
     ap.add_argument("inputs", type=Path, nargs="+", metavar="SHARD.parquet")
     args = ap.parse_args(argv)

@@ -46,12 +46,11 @@ import csv
 import hashlib
 import importlib.util
 import json
-import os
 import re
 import unicodedata
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from . import CaptureError
 

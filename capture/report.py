@@ -11,24 +11,18 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from core.cli import OneLineParser
 from core.metrics import spearman
 from core.readout import fit_readout, out_of_fold_predictions
-from core.trace import (METADATA_KEY, SCHEMA_VERSION, Trace, TraceError, load_trace, trace_content_hash,
-                        validate_table)
+from core.trace import METADATA_KEY, SCHEMA_VERSION, Trace, TraceError, load_trace, trace_content_hash, validate_table
 
 from . import CaptureError
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (capture.cli prints CaptureError)
-        raise CaptureError(f"{self.prog}: {message}")
 
 
 def _load(path):
@@ -99,7 +93,7 @@ def report_rows(paths):
 
 
 def main(argv=None) -> int:
-    p = _Parser(prog="capture-traces report")
+    p = OneLineParser(prog="capture-traces report")
     p.add_argument("traces", nargs="+")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
@@ -176,9 +170,9 @@ def signal_rows(train_path, paths, column: str = "feat_last") -> tuple[dict, lis
 
 
 def signal_main(argv=None) -> int:
-    p = _Parser(prog="capture-traces signal",
-                                description="LEAP's read-out trained on --train: 5-fold CV Spearman "
-                                            "in-sample, Spearman per domain on the other traces")
+    p = OneLineParser(prog="capture-traces signal",
+                      description="LEAP's read-out trained on --train: 5-fold CV Spearman "
+                                  "in-sample, Spearman per domain on the other traces")
     p.add_argument("--train", required=True)
     p.add_argument("--feature", default="feat_last")
     p.add_argument("--json", action="store_true")

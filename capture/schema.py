@@ -1,4 +1,4 @@
-"""Arrow schemas and table builders for the trace files (shared/spec/traces.md)."""
+"""Arrow schemas and table builders for the trace files (docs/traces.md)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,6 @@ import time
 import numpy as np
 import torch
 
-
 PROBE_N = 192
 PROBE_REPS = 2
 

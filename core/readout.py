@@ -364,8 +364,9 @@ def fit_readout(train: Trace, column: str | tuple[str, ...] = DEFAULT_COLUMN, ta
             raise TraceError(f"trace {train.name}: has no feature column {col!r} to train LEAP on")
     column = "+".join(columns)
     key = _cache_key(train, column, target, alpha, grid, folds, seed)
-    path, gram_path = _cache_paths(train, column, target, key) if use_cache else (None, None)
-    if use_cache and path.is_file():
+    paths = _cache_paths(train, column, target, key) if use_cache else None
+    if paths is not None and paths[0].is_file():
+        path, gram_path = paths
         readout = _load_cached(path, train, column)
         if readout is not None:
             if not want_gram:
@@ -407,7 +408,8 @@ def fit_readout(train: Trace, column: str | tuple[str, ...] = DEFAULT_COLUMN, ta
                             prior_length=float(lengths.mean()), column=column,
                             layer=_train_layer(train, column), train_name=train.name,
                             train_hash=train.content_hash)
-    if use_cache:
+    if paths is not None:
+        path, gram_path = paths
         info = {"target": target, "cap": cap, "lam": lam, "alpha": float(alpha), "n_train": n,
                 "prior_length": readout.prior_length, "column": column, "layer": readout.layer,
                 "train_name": train.name, "train_hash": train.content_hash}

@@ -211,7 +211,7 @@ class Trace:
     def feature_layer(self, column: str) -> int | None:
         return (self.metadata.get("layers") or {}).get(column)
 
-    def take(self, rows: np.ndarray) -> "Trace":
+    def take(self, rows: np.ndarray) -> Trace:
         """A sub-trace of the given row indices (features sliced lazily)."""
         rows = np.asarray(rows, dtype=np.int64)
         sub = self.table.take(pa.array(rows))
@@ -522,8 +522,9 @@ def trace_from_arrays(name: str, prompt_tokens, output_tokens, *, max_tokens: in
     validate_table(table, meta, path)
     digest = hashlib.sha256(repr((name, prompt_tokens.tobytes(), output_tokens.tobytes(), cap,
                                   None if arrival_s is None else np.asarray(arrival_s).tobytes())).encode())
-    for column in sorted(features or {}):
-        digest.update(np.ascontiguousarray(features[column], dtype=np.float32).tobytes())
+    vectors = features or {}
+    for column in sorted(vectors):
+        digest.update(np.ascontiguousarray(vectors[column], dtype=np.float32).tobytes())
     return Trace(name=name, path=None, table=table, metadata=meta, content_hash=digest.hexdigest())
 
 

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from core.arrivals import parse_load
+from core.cli import OneLineParser, UsageError, run_command
 from core.trace import TraceError, bundled_trace_names, load_trace
 from experiments.sweep import SweepInterrupted, add_relative_changes, run_many, run_slug, write_results
 from policies import POLICIES
@@ -37,15 +38,6 @@ DEFAULT_TRACES = ("sharegpt", "sharegpt-lengths")
 DEFAULT_PREDICTOR = "leap-rls"
 # `--predictor all`: FCFS without a predictor, then every registered predictor but the noisy oracle
 ALL_PREDICTORS = [NO_PREDICTOR] + [p for p in PREDICTORS if p != "noisy-oracle"]
-
-
-class UsageError(Exception):
-    """Bad command-line input: one line on stderr, exit code 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one clear line instead of usage + error
-        raise UsageError(message)
 
 
 def _split(text: str) -> list[str]:
@@ -79,7 +71,7 @@ def _float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Replay a recorded LLM serving trace under a length-aware scheduler.")
+    p = OneLineParser(prog=PROG, description="Replay a recorded LLM serving trace under a length-aware scheduler.")
     p.add_argument("--trace", help="bundled trace name, path to a trace .parquet, or a public lengths-only "
                    "trace (Azure LLM inference .csv, Mooncake .jsonl, a .csv/.parquet of prompt and output token "
                    f"counts) (default: {DEFAULT_TRACES[0]}, else {DEFAULT_TRACES[1]})")
@@ -408,23 +400,17 @@ def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``simulate``: bad input (flags, traces, settings, ``--out``) is one line and exit 2 (``core.cli``)."""
+    return run_command(_run_cleanly, argv, PROG, input_errors=(TraceError, ValueError, OSError))
+
+
+def _run_cleanly(argv: list[str]) -> int:
     created: list[Path] = []
     try:
         return run(argv, created)
-    except UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:   # a closed output pipe: experiments.entry ends quietly
-        raise
     except SweepInterrupted as exc:   # Ctrl-C or SIGTERM: finished runs are kept, a rerun skips them
         print(f"{PROG}: {exc}", file=sys.stderr)
         return exc.exit_code
-    except (TraceError, ValueError, OSError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
     finally:
         _remove_empty(created)   # after an error, no empty run folders are left behind
 

@@ -9,9 +9,10 @@ Two things every command needs before its own code loads:
   one thread the same seed gives the same figures on any machine. Worker processes (sweeps, Ray)
   inherit the environment. The variables are only defaults: a value the user exported is kept.
 - A closed output pipe (``simulate --json | head``) ends the command quietly, as it does ``head``'s
-  other writers, instead of a "Broken pipe" error.
+  other writers, instead of a "Broken pipe" error (the commands' one error path, ``core.cli``,
+  does the same for a pipe closed during the command; this covers the final flush).
 
-This module imports nothing heavy: it must run before numpy is loaded.
+This module imports nothing heavy (``core.cli`` neither): it must run before numpy is loaded.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ import importlib
 import os
 import sys
 
+from core.cli import BROKEN_PIPE_STATUS, quiet_stdout
+
 #: BLAS/OpenMP thread variables pinned to 1 unless already set.
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 #: capture-traces sizes torch's OpenMP/MKL threads itself (``--threads``); only numpy's OpenBLAS
 #: is pinned there, which torch's CPU build does not use.
 NUMPY_ONLY_VARS = ("OPENBLAS_NUM_THREADS",)
-#: Exit status after a closed output pipe: what a process killed by SIGPIPE reports in a shell.
-BROKEN_PIPE_STATUS = 128 + 13
 
 
 def pin_blas_threads(names: tuple[str, ...] = BLAS_THREAD_VARS) -> None:
@@ -43,10 +44,7 @@ def _run(target: str, thread_vars: tuple[str, ...] = BLAS_THREAD_VARS) -> int:
         sys.stdout.flush()   # a pipe closed after the last write shows up here
         return status
     except BrokenPipeError:
-        # the reader went away: nothing more can be shown; point stdout at /dev/null so that the
-        # interpreter's own final flush does not print a second error
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        quiet_stdout()   # the reader went away: nothing more can be shown
         return BROKEN_PIPE_STATUS
 
 

@@ -22,7 +22,6 @@ or Ctrl-C leaves the previous report as it was. Progress goes to stderr, one lin
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import shutil
@@ -30,17 +29,25 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from core.arrivals import parse_load
+from core.cli import OneLineParser, run_command
 from core.io import DATA_DIR_ENV, DataDirMissing, atomic_write_bytes, data_dir
 from core.trace import TraceError, bundled_trace_names, load_trace
-from experiments.sweep import (Stopped, SweepInterrupted, add_relative_changes, run_many, run_slug,
-                               sigterm_raises_stopped, write_results)
+from experiments.sweep import (
+    Stopped,
+    SweepInterrupted,
+    add_relative_changes,
+    run_many,
+    run_slug,
+    sigterm_raises_stopped,
+    write_results,
+)
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.runner import NO_PREDICTOR, RunConfig, prepare
@@ -196,8 +203,9 @@ class Report:
             for experiment in section.experiments:
                 n = len(experiment.configs)
                 finished = iter(range(1, n + 1))
-                rows[experiment.name] = self.run(
-                    experiment, on_done=lambda: progress.run_finished(experiment.name, next(finished), n))
+                rows[experiment.name] = self.run(   # on_done runs within this call: bound now anyway
+                    experiment, on_done=lambda name=experiment.name, finished=finished, n=n:
+                    progress.run_finished(name, next(finished), n))
             if not section.experiments and section.title:
                 progress.say(section.title)
             texts.append(section.render(rows))
@@ -444,7 +452,13 @@ def _move_into_place(stage: Path, out: Path) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="leap-report", description=__doc__.splitlines()[0])
+    """``leap-report``: bad input is one line and exit 2 (``core.cli``); output is replaced only
+    when the whole report is written."""
+    return run_command(_report, argv, "leap-report", input_errors=(TraceError, ValueError, OSError))
+
+
+def _report(argv: list[str]) -> int:
+    ap = OneLineParser(prog="leap-report", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "docs")
     ap.add_argument("--requests", type=int, default=None, help="first N requests of each trace (CI: small)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -480,10 +494,9 @@ def main(argv=None) -> int:
             _move_into_place(stage, args.out)
     except BrokenPipeError:   # a closed output pipe: experiments.entry ends quietly
         raise
-    except (TraceError, ValueError, OSError) as exc:
+    except (TraceError, ValueError, OSError):
         _close(progress)
-        print(f"leap-report: error: {exc}", file=sys.stderr)
-        return 2
+        raise   # one line, exit 2 (core.cli.run_command)
     except (KeyboardInterrupt, Stopped, SweepInterrupted) as exc:
         _close(progress)
         code = exc.exit_code if isinstance(exc, SweepInterrupted) else 128 + getattr(exc, "signum", signal.SIGINT)

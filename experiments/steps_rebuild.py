@@ -67,7 +67,7 @@ class VllmSettings:
     window: int
 
     @classmethod
-    def from_metadata(cls, meta: dict) -> "VllmSettings":
+    def from_metadata(cls, meta: dict) -> VllmSettings:
         args = (meta.get("backend_details") or {}).get("engine_args") or {}
         seqs = int(args.get("max_num_seqs", 64))
         budget = int(args.get("max_num_batched_tokens", 2048))

@@ -16,12 +16,12 @@ Nothing here is tuned on the run it validates.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 import numpy as np
 
+from core.cli import OneLineParser, run_command
 from core.trace import Trace, TraceError, load_trace
 from simulator.preset import closed_loop_window
 from simulator.profiles import FITTED_FROM
@@ -118,7 +118,12 @@ def report_section(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description="Replay recorded traces as they ran, with a step "
+    """``leap-validate``: bad input is one line and exit 2 (``core.cli``)."""
+    return run_command(_validate, argv, PROG, input_errors=(TraceError, ValueError, OSError))
+
+
+def _validate(argv: list[str]) -> int:
+    p = OneLineParser(prog=PROG, description="Replay recorded traces as they ran, with a step "
                                 "profile fitted on a different trace, and compare with the measurements. "
                                 "Serving runs (traces/live/) replay with their own policy and predictor.")
     p.add_argument("traces", nargs="*", help=f"traces (default: {', '.join(BATCH_TRACES)}); serving runs, e.g. "
@@ -132,41 +137,35 @@ def main(argv: list[str] | None = None) -> int:
                    help="serving runs: charge the simulator's modelled predictor cost on top of the fitted "
                         "steps (charged) or not (none, default: the fitted steps hold the live hook's cost)")
     p.add_argument("--json", action="store_true", help="one JSON object per run")
-    try:
-        args = p.parse_args(argv)
-        # a shell glob such as traces/live/alpaca200-*.parquet also matches the side tables
-        names = [n for n in args.traces if not str(n).endswith(SIDE_TABLE_SUFFIXES)] or list(BATCH_TRACES)
-        traces = [load_trace(n) for n in names]
-        if args.requests is not None and args.requests < 1:
-            raise ValueError("--requests must be >= 1")
-        serving = [t for t in traces if is_serving(t)]
-        batch = [t for t in traces if not is_serving(t)]
-        if serving and (args.matrix or args.requests is not None):
-            raise ValueError("--matrix and --requests apply to batch traces; a serving run replays whole")
-        profile = load_trace(args.profile_from) if args.profile_from else None
-        if profile is not None and serving and not is_serving(profile):
-            raise ValueError(f"--profile-from {args.profile_from}: serving runs need another serving run's steps")
-        pairs = []
-        for t in batch:
-            if args.matrix:
-                pairs += [(t, load_trace(o)) for o in BATCH_TRACES if o != t.name]
-            else:
-                src = args.profile_from or (DEFAULT_PROFILE_FROM if t.name != DEFAULT_PROFILE_FROM else "math")
-                pairs.append((t, load_trace(src)))
-        rows = []
-        for t, src in pairs:
-            rows.append(validate_one(t, src, args.requests))
-            if args.json:
-                print(json.dumps(rows[-1], sort_keys=True), flush=True)
-        serving_rows = validate_serving_runs(serving, profile, args.predictor_cost) if serving else []
+    args = p.parse_args(argv)
+    # a shell glob such as traces/live/alpaca200-*.parquet also matches the side tables
+    names = [n for n in args.traces if not str(n).endswith(SIDE_TABLE_SUFFIXES)] or list(BATCH_TRACES)
+    traces = [load_trace(n) for n in names]
+    if args.requests is not None and args.requests < 1:
+        raise ValueError("--requests must be >= 1")
+    serving = [t for t in traces if is_serving(t)]
+    batch = [t for t in traces if not is_serving(t)]
+    if serving and (args.matrix or args.requests is not None):
+        raise ValueError("--matrix and --requests apply to batch traces; a serving run replays whole")
+    profile = load_trace(args.profile_from) if args.profile_from else None
+    if profile is not None and serving and not is_serving(profile):
+        raise ValueError(f"--profile-from {args.profile_from}: serving runs need another serving run's steps")
+    pairs = []
+    for t in batch:
+        if args.matrix:
+            pairs += [(t, load_trace(o)) for o in BATCH_TRACES if o != t.name]
+        else:
+            src = args.profile_from or (DEFAULT_PROFILE_FROM if t.name != DEFAULT_PROFILE_FROM else "math")
+            pairs.append((t, load_trace(src)))
+    rows = []
+    for t, src in pairs:
+        rows.append(validate_one(t, src, args.requests))
         if args.json:
-            for row in serving_rows:
-                print(json.dumps(row, sort_keys=True), flush=True)
-    except BrokenPipeError:   # a closed output pipe: experiments.entry ends quietly
-        raise
-    except (TraceError, ValueError, OSError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+            print(json.dumps(rows[-1], sort_keys=True), flush=True)
+    serving_rows = validate_serving_runs(serving, profile, args.predictor_cost) if serving else []
+    if args.json:
+        for row in serving_rows:
+            print(json.dumps(row, sort_keys=True), flush=True)
     if not args.json:
         if rows:
             print(report_section(rows), end="")

@@ -197,7 +197,7 @@ class LiveSchedulerConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "LiveSchedulerConfig":
+    def from_dict(cls, data: dict) -> LiveSchedulerConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

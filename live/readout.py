@@ -57,8 +57,8 @@ def _linear_readout(f: ReadoutFile):
 
 def export_readout(train: str, out: str | Path) -> ReadoutFile:
     """Fit (or load from the fit cache) LEAP's read-out on ``train`` and write it to ``out`` atomically."""
-    from core.readout import DEFAULT_TARGET, fit_readout
     from core.io import atomic_write_bytes
+    from core.readout import DEFAULT_TARGET, fit_readout
     from core.trace import load_trace
 
     trace = load_trace(train)

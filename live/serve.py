@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from capture import CaptureError
+from core.cli import OneLineParser, run_command
 
 CAPACITY_FILE = "live_capacity.json"
 SERVE_TIMING = ("open loop: each request is submitted at the first engine-step boundary after its "
@@ -53,16 +54,11 @@ SERVE_TIMING = ("open loop: each request is submitted at the first engine-step b
                 "request's submission; all timings are on this host, in eager mode")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2
-        raise CaptureError(f"serve: {message}")
-
-
 def serve_parser() -> argparse.ArgumentParser:
     from capture.model import DEFAULT_MODEL_DIR
 
-    p = _Parser(prog="leap-serve", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="leap-serve", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--from", dest="source", required=True, metavar="TRACE",
                    help="recorded trace to take the requests from (path or bundled name)")
     p.add_argument("--model", default=str(DEFAULT_MODEL_DIR), help="local HF model directory")
@@ -372,7 +368,7 @@ def serve_main(argv) -> int:
         src = load_trace(args.source)
     except TraceError as e:
         raise CaptureError(str(e)) from None
-    from capture.model import check_model_dir, model_id, model_revision, read_config
+    from capture.model import check_model_dir, model_revision, read_config
 
     model_dir = check_model_dir(args.model)
     cfg = read_config(model_dir)
@@ -626,9 +622,8 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
             _write_sched_part(store, sched)
         sched_table = _read_sched_parts(store)
         if sched_table is not None:  # side tables before the trace (finalize writes it last)
-            from core.trace import side_table_path
-
             from capture.store import atomic_write_table
+            from core.trace import side_table_path
             atomic_write_table(sched_table, side_table_path(out, "sched"),
                                {"schema_version": 1, "table": "sched", "trace": out.name,
                                 "source": "live scheduler leap_stats(), one row per entry; run = segment"})
@@ -789,10 +784,8 @@ def _host() -> str:
 
 
 def main(argv=None) -> int:
-    """``leap-serve``: one line and exit 2 on bad input, like every capture command."""
-    from capture.cli import guarded
-
-    return guarded(serve_main, list(sys.argv[1:] if argv is None else argv), prog="leap-serve")
+    """``leap-serve``: one line and exit 2 on bad input, like every command (``core.cli``)."""
+    return run_command(serve_main, argv, "leap-serve", interrupt_hint="rerun with --resume to continue")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ class LTRStarvation(Policy):
 
     def __init__(self, idle_steps: int = IDLE_STEPS, runs: int = RUNS):
         self.idle_steps, self.runs = int(idle_steps), int(runs)
-        self._key = None
+        self._key: tuple[int, int] | None = None
         self.promotions = 0
 
     def _sync(self, view: SchedulerView) -> None:

@@ -18,8 +18,9 @@ Timing is the engine's business, but the predictor declares what it needs:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -98,7 +99,7 @@ class Predictor(ABC):
     refresh_every: int | None = None
 
     @classmethod
-    def from_options(cls, options: PredictorOptions) -> "Predictor":
+    def from_options(cls, options: PredictorOptions) -> Predictor:
         return cls()
 
     def bind(self, workload: Trace, rng: np.random.Generator) -> None:

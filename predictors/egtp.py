@@ -38,8 +38,7 @@ import numpy as np
 from core.trace import Trace
 from predictors.base import PredictorCost
 from predictors.gpu_cost import describe_cost, egtp_cost
-from predictors.heads import (Artifact, HeadPredictor, act, dropout, layernorm, linear, new_artifact,
-                              softmax)
+from predictors.heads import Artifact, HeadPredictor, act, dropout, layernorm, linear, new_artifact, softmax
 
 METHOD = "egtp"
 VERSION = 1

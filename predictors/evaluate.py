@@ -25,11 +25,12 @@ import argparse
 import json
 import math
 import sys
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
 
+from core.cli import OneLineParser, run_command
 from core.metrics import bucket_counts, rank_metrics
 from core.trace import Trace, TraceError, bundled_trace_names, load_trace, traces_dir
 from predictors import PREDICTORS, make_predictor
@@ -212,10 +213,10 @@ def _print_table(rows: list[dict], keys: list[tuple[str, str]], title: str) -> N
     Console(width=200).print(table)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="evaluate-predictors",
-                                description="Prediction quality (rank metrics, MAE by bucket) of length "
-                                            "predictors on recorded traces.")
+def build_parser() -> OneLineParser:
+    p = OneLineParser(prog="evaluate-predictors",
+                      description="Prediction quality (rank metrics, MAE by bucket) of length "
+                                  "predictors on recorded traces.")
     p.add_argument("--train-trace", default="lmsys",
                    help="training trace for learned predictors (bundled name or path; default lmsys)")
     p.add_argument("--trace", action="append", metavar="TRACE",
@@ -304,17 +305,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exc:          # argparse already printed usage and the error (status 2)
-        return int(exc.code or 0) if not isinstance(exc.code, str) else 2
-    try:
-        return run(args)
-    except BrokenPipeError:   # a closed output pipe: experiments.entry ends quietly
-        raise
-    except (TraceError, ValueError, OSError) as exc:
-        print(f"evaluate-predictors: error: {exc}", file=sys.stderr)
-        return 2
+    """``evaluate-predictors``: bad input is one line and exit 2 (``core.cli``)."""
+    return run_command(lambda args: run(build_parser().parse_args(args)), argv, "evaluate-predictors",
+                       input_errors=(TraceError, ValueError, OSError))
 
 
 if __name__ == "__main__":

@@ -20,8 +20,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.hardware import (BF16_BYTES, EAGER_S_PER_LAYER, FLOP_EFFICIENCY, GPU, H100, HBM_EFFICIENCY, QWEN3_8B,
-                           ModelShape)
+from core.hardware import (
+    BF16_BYTES,
+    EAGER_S_PER_LAYER,
+    FLOP_EFFICIENCY,
+    GPU,
+    H100,
+    HBM_EFFICIENCY,
+    QWEN3_8B,
+    ModelShape,
+)
 from predictors.base import PredictorCost
 
 KERNEL_S = EAGER_S_PER_LAYER / 12.0   # ~8.3 us: one eager kernel dispatch

@@ -27,9 +27,10 @@ import hashlib
 import io
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
@@ -293,10 +294,10 @@ class HeadPredictor(Predictor):
                                 retrain=bool(options.extra.get("retrain")))
 
     @classmethod
-    def from_options(cls, options: PredictorOptions) -> "HeadPredictor":
+    def from_options(cls, options: PredictorOptions) -> HeadPredictor:
         return cls(cls.artifact_for(options))
 
     @classmethod
-    def fit(cls, trace: Trace, **overrides) -> "HeadPredictor":
+    def fit(cls, trace: Trace, **overrides) -> HeadPredictor:
         """Train on an in-memory trace (tests, scripts), bypassing the caches."""
         return cls(cls.trainer(trace, merged_settings(cls.defaults, overrides)))

@@ -44,8 +44,7 @@ from functools import partial
 
 import numpy as np
 
-from core.readout import (DEFAULT_COLUMN, DEFAULT_TARGET, LinearReadout, fit_readout, get_target, ridge_system,
-                          with_bias)
+from core.readout import DEFAULT_COLUMN, DEFAULT_TARGET, LinearReadout, fit_readout, get_target, ridge_system, with_bias
 from core.trace import Trace, TraceError, load_trace, trace_from_arrays
 from predictors.base import PendingUpdate, Predictor, PredictorCost, PredictorOptions
 
@@ -112,19 +111,19 @@ class AnchoredRLS:
         self.rows_seen = 0
 
     @classmethod
-    def from_training(cls, U, y, lam: float) -> "AnchoredRLS":
+    def from_training(cls, U, y, lam: float) -> AnchoredRLS:
         """Anchor at ridge over training rows: theta = A^-1 U^T y, P = A^-1, A = U^T U + lam D."""
         A, r = ridge_system(U, y, lam)
         return cls.from_system(A, r)
 
     @classmethod
-    def from_system(cls, A, r) -> "AnchoredRLS":
+    def from_system(cls, A, r) -> AnchoredRLS:
         """Anchor from the penalised Gram matrix ``A`` and right-hand side ``r`` (theta = A^-1 r)."""
         A = np.asarray(A, dtype=np.float64)
         return cls(np.linalg.solve(A, np.asarray(r, dtype=np.float64)), _sym_inverse(A))
 
     @classmethod
-    def from_weights(cls, theta, A) -> "AnchoredRLS":
+    def from_weights(cls, theta, A) -> AnchoredRLS:
         """Anchor at given weights with ``P = A^-1``."""
         return cls(theta, _sym_inverse(np.asarray(A, dtype=np.float64)))
 
@@ -288,7 +287,7 @@ class Leap(Predictor):
                 "use_cache": bool(extra.get("leap_cache", True)), "refresh": options.refresh}
 
     @classmethod
-    def from_options(cls, options: PredictorOptions) -> "Leap":
+    def from_options(cls, options: PredictorOptions) -> Leap:
         if options.train_trace is None:
             raise ValueError(f"predictor {cls.name!r} needs a training trace (--train-trace)")
         return cls(options.train_trace, **cls._kwargs(options))
@@ -410,7 +409,7 @@ class LeapRLS(Leap):
         self.rls: AnchoredRLS | None = None
 
     @classmethod
-    def from_options(cls, options: PredictorOptions) -> "LeapRLS":
+    def from_options(cls, options: PredictorOptions) -> LeapRLS:
         if options.train_trace is None:
             raise ValueError(f"predictor {cls.name!r} needs a training trace (--train-trace)")
         return cls(options.train_trace, update_every=options.update_every, **cls._kwargs(options))

@@ -191,7 +191,7 @@ class Tie(HeadPredictor):
         self._b0 = float(artifact.arrays["out.sigma_bias"])
 
     @classmethod
-    def from_options(cls, options: PredictorOptions) -> "Tie":
+    def from_options(cls, options: PredictorOptions) -> Tie:
         return cls(cls.artifact_for(options), batch=int(options.extra.get("tie_batch", BATCH_B)))
 
     def distribution(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

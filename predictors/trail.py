@@ -210,7 +210,7 @@ class Trail(HeadPredictor):
         self.refresh_every = None
 
     @classmethod
-    def from_options(cls, options: PredictorOptions) -> "Trail":
+    def from_options(cls, options: PredictorOptions) -> Trail:
         return cls(cls.artifact_for(options), refresh=options.refresh)
 
     # -- probabilities

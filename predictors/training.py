@@ -10,7 +10,7 @@ weights are exported. Losses are the methods' own (see each predictor's module d
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

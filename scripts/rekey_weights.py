@@ -67,8 +67,8 @@ def main(argv=None) -> int:
         new_lines.append("\t".join(cols))
     if len(train_hashes) == 1:
         name, digest = train_hashes.pop()
-        new_lines = [f"# training trace: {name} content hash {digest}" if l.startswith("# training trace:") else l
-                     for l in new_lines]
+        new_lines = [f"# training trace: {name} content hash {digest}" if line.startswith("# training trace:") else line
+                     for line in new_lines]
     if args.check:
         print(f"would re-key: {', '.join(changed) or 'nothing'}")
         return 1 if changed else 0

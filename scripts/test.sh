@@ -23,6 +23,11 @@ fi
 # Ray is optional: its test runs a local Ray instance if it installs, and skips with the reason if not
 "$VENV/bin/python" -m pip install -q "ray>=2.9" || echo "test.sh: ray could not be installed; the Ray test will skip" >&2
 echo "test.sh: environment ready in $(( $(date +%s) - start )) s ($VENV)"
+# lint and type check first (config in pyproject.toml); a finding fails the run before any test
+lint_start=$(date +%s)
+"$VENV/bin/python" -m ruff check --no-cache .
+"$VENV/bin/python" -m mypy
+echo "test.sh: ruff + mypy clean in $(( $(date +%s) - lint_start )) s"
 tests_start=$(date +%s)
 status=0
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@" || status=$?

@@ -14,8 +14,8 @@ policy's ranking. The true output length is read only to decide completion.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 import numpy as np
 import simpy

@@ -57,7 +57,7 @@ def prediction_quality(predicted: np.ndarray, true: np.ndarray, output_kind: str
     from core.metrics import kendall_tau_b, mae_by_bucket, pairwise_order_accuracy, spearman
 
     mask = np.isfinite(predicted)
-    out = {"spearman": None, "kendall_tau": None, "pairwise_accuracy": None, "mae": None,
+    out: dict[str, float | None] = {"spearman": None, "kendall_tau": None, "pairwise_accuracy": None, "mae": None,
            "mae_le256": None, "mae_257_1024": None, "mae_gt1024": None}
     if mask.sum() < 2:
         return out

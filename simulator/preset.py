@@ -11,6 +11,8 @@ a KV cache (kv_blocks x kv_block_size) that cannot hold one max_model_len sequen
 
 from __future__ import annotations
 
+from typing import overload
+
 from core.trace import Trace
 from simulator.engine import EngineConfig
 
@@ -28,7 +30,12 @@ def _engine_args(trace: Trace) -> dict:
     return args
 
 
+@overload
+def _positive(trace: Trace, source: dict, key: str, default: int) -> int: ...
+@overload
+def _positive(trace: Trace, source: dict, key: str, default: None) -> int | None: ...
 def _positive(trace: Trace, source: dict, key: str, default: int | None) -> int | None:
+    """``source[key]`` (else ``default``) as a positive integer; anything else is refused."""
     value = source.get(key, default)
     if value is None:
         return None

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -163,6 +164,7 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
             window = config.arrivals.window or recorded_window(trace)
     else:
         capacity = measure_capacity(workload, profile, engine_config)
+        assert config.load is not None   # RunConfig refuses a rate-driven run without a load
         rate = config.load * capacity
         arrival_s = make_arrivals(config.arrivals, workload, rate, config.seed)
     sim = Simulation(workload, arrival_s, policy=policy, predictor=predictor, profile=profile,

@@ -44,7 +44,7 @@ class ArrivalSpec:
             raise ValueError(f"--arrivals closed:N needs N >= 1, got {self.window}")
 
     @classmethod
-    def parse(cls, text: str) -> "ArrivalSpec":
+    def parse(cls, text: str) -> ArrivalSpec:
         if text in ("poisson", "trace", "recorded", "closed"):
             return cls(text)
         if text.startswith("closed:"):
@@ -70,7 +70,7 @@ class ArrivalSpec:
         return self.kind in ("recorded", "closed")
 
     def describe(self) -> str:
-        if self.kind == "csv":
+        if self.kind == "csv" and self.csv_path is not None:
             return shareable_path(self.csv_path)
         if self.kind == "closed" and self.window is not None:
             return f"closed:{self.window}"
@@ -96,6 +96,8 @@ def make_arrivals(spec: ArrivalSpec, workload: Trace, rate: float | None, seed: 
         return recorded_arrivals(workload)
     if spec.kind == "closed":
         return np.zeros(n)
+    if rate is None:
+        raise ValueError(f"--arrivals {spec.kind} needs an arrival rate")
     if spec.kind == "poisson":
         rng = np.random.default_rng(seed)
         gaps = rng.exponential(1.0 / rate, size=n)
@@ -114,6 +116,7 @@ def make_arrivals(spec: ArrivalSpec, workload: Trace, rate: float | None, seed: 
         out = np.empty(n)
         out[order] = rescale_to_rate(own[order] - own.min(), n, rate)
         return out
+    assert spec.csv_path is not None   # the only kind left is csv, which always has its path
     return rescale_to_rate(read_timestamps_csv(spec.csv_path), n, rate)
 
 

@@ -59,7 +59,7 @@ def _decimal(x: Fraction) -> Decimal:
         return Decimal(x.numerator) / Decimal(x.denominator)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _ln(x: Fraction) -> Decimal:
     with localcontext() as ctx:
         ctx.prec = DIGITS
@@ -110,7 +110,7 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
     if policy != "fcfs":
         assert predicted is not None and len(predicted) == n, "this policy needs predictions"
     if request_ids is None:
-        request_ids = ["r%d" % i for i in range(n)]
+        request_ids = [f"r{i}" for i in range(n)]
     prompt = [int(p) for p in prompt_tokens]
     length = [int(o) for o in output_tokens]
     arrival = [float(a) for a in arrival_s]

@@ -196,8 +196,15 @@ def test_shipped_weights_match_the_bundled_lmsys_trace(name, monkeypatch):
 def test_costs_are_the_documented_figures():
     """Per-call / per-token figures quoted in the docstrings (H100 constants of the default engine)."""
     from predictors.egtp import EGTP
-    from predictors.gpu_cost import (BERT_BASE, DEBERTA_V3_BASE, DISTILBERT_BASE, OPT_125M, egtp_cost,
-                                     encoder_cost, trail_refresh_s)
+    from predictors.gpu_cost import (
+        BERT_BASE,
+        DEBERTA_V3_BASE,
+        DISTILBERT_BASE,
+        OPT_125M,
+        egtp_cost,
+        encoder_cost,
+        trail_refresh_s,
+    )
     expect = {DEBERTA_V3_BASE: (1.466e-3, 0.271e-6), BERT_BASE: (1.324e-3, 0.272e-6),
               OPT_125M: (1.281e-3, 0.268e-6), DISTILBERT_BASE: (0.670e-3, 0.133e-6)}
     for enc, (call, token) in expect.items():
@@ -295,8 +302,8 @@ def synth_test(synth_path):
 
 
 def test_trail_refresh_uses_recorded_vectors_and_counts_down_exactly(synth_test):
-    from predictors.trail import smooth
     from policies.countdown import remaining
+    from predictors.trail import smooth
     test = synth_test
     trail = untrained_trail(test)
     trail.bind(test, np.random.default_rng(0))

@@ -199,7 +199,7 @@ def test_vllm_threads_pin_the_prefill_pass_too():
     import os
     from types import SimpleNamespace
 
-    from capture.cli import _hf_threads
+    from capture.record import _hf_threads
 
     before = os.sched_getaffinity(0)
     cpu = min(before)

@@ -82,7 +82,7 @@ def test_merge_rebuilds_the_recording(tmp_path):
     assert len(meta["runs"]) == 2 * len(read_meta(SOURCE)["runs"])
     assert meta["side_tables"] == {"decode": "t.decode.parquet", "steps": "t.steps.parquet"}
 
-    from core.trace import load_trace   # the merged file passes the trace contract's validator
+    from core.trace import load_trace  # the merged file passes the trace contract's validator
     trace = load_trace(out)
     assert len(trace) == source.num_rows
     np.testing.assert_array_equal(trace.output_tokens, load_trace(SOURCE).output_tokens)

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPORT_NAME = {"pyyaml": "yaml", "pillow": "PIL"}   # distributions whose module is named otherwise

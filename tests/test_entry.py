@@ -7,10 +7,10 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
@@ -46,7 +46,7 @@ if __name__ == "__main__":
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         worker = pool.apply(seen)
     print("PROBE " + json.dumps({"main": seen(), "worker": worker}))
-""" % {"vars": THREAD_VARS}
+""" % {"vars": THREAD_VARS}  # noqa: UP031 -- a template of Python code: its braces are not fields
 
 
 def probe(tmp_path, name: str, env_extra: dict | None = None) -> dict:

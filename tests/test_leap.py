@@ -12,8 +12,17 @@ import numpy as np
 import pytest
 
 from core.metrics import spearman
-from core.readout import (ALPHA_GRID, LinearReadout, fit_readout, get_target, ridge_fit, select_alpha,
-                          standardization_stats, standardize, with_bias)
+from core.readout import (
+    ALPHA_GRID,
+    LinearReadout,
+    fit_readout,
+    get_target,
+    ridge_fit,
+    select_alpha,
+    standardization_stats,
+    standardize,
+    with_bias,
+)
 from core.trace import TraceError, trace_from_arrays
 from predictors import PREDICTORS, make_predictor
 from predictors.base import PendingUpdate, PredictorOptions
@@ -199,7 +208,7 @@ def test_bind_checks_the_workload():
     with pytest.raises(TraceError, match="feat_last"):
         LeapRLS(train).bind(plain, np.random.default_rng(0))
     with pytest.raises(TraceError):
-        Leap("/nonexistent/train.parquet").readout
+        _ = Leap("/nonexistent/train.parquet").readout
 
 
 def test_rls_without_feedback_matches_leap():

@@ -13,8 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.metrics import (average_ranks, bucket_counts, kendall_tau_b, mae_by_bucket,
-                                pairwise_order_accuracy, rank_metrics, spearman)
+from core.metrics import (
+    average_ranks,
+    bucket_counts,
+    kendall_tau_b,
+    mae_by_bucket,
+    pairwise_order_accuracy,
+    rank_metrics,
+    spearman,
+)
 
 
 def brute_ranks(x):

@@ -150,11 +150,11 @@ def simulated_finish_steps(policy: str, lengths, prompts, *, max_resident, decod
                            features=None):
     """Finish step of each request (submission order) in the project's simulator, unit profile
     (``predictor``: default the exact oracle; cost charging off, so steps stay unit steps)."""
+    from core.trace import trace_from_arrays
     from policies import make_policy
     from predictors.oracle import Oracle
     from simulator.engine import EngineConfig, Simulation
     from simulator.profiles import make_profile
-    from core.trace import trace_from_arrays
 
     n = len(lengths)
     trace = trace_from_arrays("live-check", np.array([len(p) for p in prompts]), np.array(lengths),

@@ -4,8 +4,6 @@ engine profile at fixed points, and the engine's progress check."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 

@@ -184,7 +184,7 @@ def test_sweep_writes_tidy_results_in_config_order(tmp_path, capsys):
                  "--seeds", "2", "--jobs", "2", "--out", str(out), "--json"]) == 0
     rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [(r["seed"], r["load"], r["predictor"]) for r in rows] == [
-        (s, l, p) for s in (0, 1) for l in (1.0, 1.5) for p in ("none", "oracle")]
+        (s, load, p) for s in (0, 1) for load in (1.0, 1.5) for p in ("none", "oracle")]
     table = pq.read_table(out / "results.parquet")
     assert table.num_rows == 8
     assert table.column_names[:7] == ["trace", "predictor", "policy", "engine", "arrivals", "load", "seed"]
@@ -288,11 +288,12 @@ def test_arrivals_recorded_batch_at_t0_works_where_rescaling_refuses(tmp_path, c
                    "trace 'batch' has all arrival_s equal")
 
     import numpy as np
+
+    from core.trace import load_trace
     from policies import make_policy
     from predictors.oracle import Oracle
     from simulator.engine import EngineConfig, Simulation
     from simulator.profiles import make_profile
-    from core.trace import load_trace
     direct = Simulation(load_trace(path), np.zeros(8), policy=make_policy("countdown"), predictor=Oracle(),
                         profile=make_profile("unit"), config=EngineConfig(decode_slots=2)).run()
     assert summary["mean_e2e_s"] == pytest.approx(float(np.mean(direct.finish_s - direct.arrival_s)), rel=1e-12)

@@ -9,8 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from core.trace import (METADATA_KEY, TraceError, bundled_trace_names, load_trace, trace_from_arrays,
-                             trace_metadata)
+from core.trace import METADATA_KEY, TraceError, bundled_trace_names, load_trace, trace_from_arrays, trace_metadata
 
 
 def write(tmp_path, table, name="t.parquet"):

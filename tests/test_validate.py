@@ -4,7 +4,6 @@ recording's own vLLM settings) under a step profile fitted on a *different* trac
 from __future__ import annotations
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from core.trace import load_trace
 from experiments.steps_rebuild import rebuild

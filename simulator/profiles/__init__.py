@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from core.hardware import A100_80GB, H100, H200, LLAMA3_8B, QWEN3_8B
 from core.trace import Trace

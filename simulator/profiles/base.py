@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
 
 
 class EngineProfile(ABC):
@@ -14,7 +13,7 @@ class EngineProfile(ABC):
     ``decode_context``: sum of their context lengths (prompt + generated), i.e. KV read per step.
     """
 
-    name: ClassVar[str]
+    name: str   # a class default; an instance may carry its own (the named roofline presets)
 
     @abstractmethod
     def step_time(self, prefill_tokens: int, prefill_sq: int, decode_batch: int, decode_context: int) -> float:

@@ -61,7 +61,7 @@ class FittedProfile(EngineProfile):
         self._w = [self.coefficients.get(f, 0.0) for f in FEATURES]
 
     @classmethod
-    def fit(cls, steps: pa.Table, source: str = "", note: str = "") -> "FittedProfile":
+    def fit(cls, steps: pa.Table, source: str = "", note: str = "") -> FittedProfile:
         y = _column(steps, "step_s")
         present = [f for f in FEATURES if f in steps.column_names]
         if len(y) < len(present) + 2:
