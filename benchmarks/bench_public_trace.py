@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import resource
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -33,7 +32,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--predictor", default="none,oracle")
     args = ap.parse_args()
-    from simulator.runner import RunConfig, prepare   # the simulator's import time counts as start-up
+    from simulator.runner import RunConfig, prepare  # the simulator's import time counts as start-up
     from simulator.workload import ArrivalSpec
     t = cpu_s()
     print(f"interpreter + imports (numpy, pyarrow, simulator): {t:.2f} CPU-s")

@@ -463,7 +463,7 @@ def load_trace(path_or_name: str | os.PathLike) -> Trace:
     key = (str(path.resolve()), stat.st_mtime, stat.st_size)
     if key in _CACHE:
         return _CACHE[key]
-    from core.importers import detect_format, import_trace   # same floor; importers build on this module
+    from core.importers import detect_format, import_trace  # same floor; importers build on this module
 
     fmt = detect_format(path)
     if fmt is not None:   # a public lengths-only trace (Azure, Mooncake, a CSV/Parquet of token counts)

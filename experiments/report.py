@@ -48,11 +48,11 @@ from experiments.sweep import (
     sigterm_raises_stopped,
     write_results,
 )
+from experiments.validate import check_serving_runs, live_report_section
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.runner import NO_PREDICTOR, RunConfig, prepare
 from simulator.workload import ArrivalSpec
-from experiments.validate import check_serving_runs, live_report_section
 
 ROOT = Path(__file__).resolve().parent.parent
 AZURE_CONV = Path("arrivals") / "AzureLLMInferenceTrace_conv.csv"     # under the shared data folder

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from experiments import golden
 from policies import POLICIES
 from policies.fcfs import FCFS
-from experiments import golden
 
 
 @pytest.fixture(autouse=True)

@@ -13,9 +13,19 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.trace import METADATA_KEY, load_trace, trace_from_arrays, traces_dir
-from experiments.validate import (SIDE_TABLE_SUFFIXES, add_gains, busy_host_gaps, default_profile_source, fcfs_partner, gain,
-                                live_report_section, main, probe_summary, serving_report_section,
-                                validate_serving_runs)
+from experiments.validate import (
+    SIDE_TABLE_SUFFIXES,
+    add_gains,
+    busy_host_gaps,
+    default_profile_source,
+    fcfs_partner,
+    gain,
+    live_report_section,
+    main,
+    probe_summary,
+    serving_report_section,
+    validate_serving_runs,
+)
 
 LIVE = traces_dir() / "live"
 
