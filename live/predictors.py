@@ -54,6 +54,11 @@ class LivePredictor:
     def rescore(self, Z: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
+    def score_new(self, Z: np.ndarray) -> np.ndarray | None:
+        """Estimates of newly prefilled requests from the latest published weights, or None to keep
+        the hook's own value (no online update yet)."""
+        return None
+
     def stats(self) -> dict:
         return {"name": self.name}
 
@@ -148,6 +153,16 @@ class LeapRLSLive(LeapLive):
         out = self.readout.output(Z @ theta[:-1] + theta[-1])
         self.rescore_s.append(time.perf_counter() - t)
         return out
+
+    def score_new(self, Z):
+        """The simulator scores a new feature with the current weights (``_predict_after_prefill``);
+        the hook folds the original ridge weights, so once an update is published the newest weights
+        replace its value. Reads ``_published`` only: the residents' re-score on the next publish
+        (``has_update`` / ``rescore``) is unaffected."""
+        version, theta = self._published
+        if version == 0:
+            return None
+        return self.readout.output(Z @ theta[:-1] + theta[-1])
 
     def wait_idle(self, timeout_s: float = 30.0) -> None:
         """Block until every queued update is published (tests, end of a run)."""
