@@ -372,6 +372,13 @@ def serve_main(argv) -> int:
         src = load_trace(args.source)
     except TraceError as e:
         raise CaptureError(str(e)) from None
+    if live is not None and args.force_lengths:
+        # max_tokens = the true length here: the arrival prior is the simulator's (half the
+        # workload's cap), never half of max_tokens
+        import dataclasses
+
+        live = dataclasses.replace(live, prior_tokens=src.output_cap / 2.0)
+        engine_overrides = scheduler_engine_args(live)
     from capture.model import check_model_dir, model_id, model_revision, read_config
 
     model_dir = check_model_dir(args.model)
@@ -541,6 +548,7 @@ def serve_main(argv) -> int:
                    "ordered_admission": live.orders_admission if live is not None else False,
                    "readout": _file_ref(args.readout), "layer": live.hook_layer if live is not None else None,
                    "head_weights": _file_ref(args.head_weights),
+                   "prior_tokens": live.prior_tokens if live is not None else None,
                    "max_num_batched_tokens": args.max_num_batched_tokens,
                    "forced_lengths": args.force_lengths, "max_length": args.max_length,
                    "source_trace": {"name": src.name, "sha256": src.content_hash,

@@ -443,3 +443,34 @@ def test_leap_rls_scores_new_requests_with_the_latest_published_weights(readout_
         assert not pred.has_update() and len(pred.rescore_s) == 1
     finally:
         pred.close()
+
+
+# ----------------------------------------------------------------------------- ssjf: the arrival prior
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "512"])
+def test_prior_tokens_validated(bad):
+    with pytest.raises(LiveConfigError, match="prior-tokens must be a number > 0"):
+        LiveSchedulerConfig(policy="fcfs", predictor="oracle", prior_tokens=bad)
+
+
+@needs_encoder
+def test_ssjf_prior_is_the_workloads_half_cap_not_the_forced_length():
+    """With forced lengths max_tokens is the true length: an unscored request must hold the configured
+    prior (the simulator's half workload cap), not max_tokens / 2; without it, half max_tokens stays."""
+    from types import SimpleNamespace
+
+    from live.predictors import SSJFLive
+
+    def request(rid, length):
+        return SimpleNamespace(request_id=rid, max_tokens=length, sampling_params=SimpleNamespace(extra_args=None))
+
+    forced = SSJFLive(LiveSchedulerConfig(policy="countdown", predictor="ssjf", prior_tokens=512.0))
+    plain = SSJFLive(LiveSchedulerConfig(policy="countdown", predictor="ssjf"))
+    try:
+        assert forced.at_arrival(request("a", 37)) == 512.0
+        assert forced.at_arrival(request("b", 900)) == 512.0
+        assert plain.at_arrival(request("c", 37)) == 18.5
+        assert LiveSchedulerConfig.from_dict(LiveSchedulerConfig(
+            policy="countdown", predictor="ssjf", prior_tokens=512.0).to_dict()).prior_tokens == 512.0
+    finally:
+        forced.close()
+        plain.close()
