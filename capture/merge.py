@@ -69,7 +69,7 @@ def _concat(tables, what):
     present = [t for t in tables if t is not None]
     if not present:
         return None
-    # steps tables gain columns as the recorder does (decode_context, prefill_sq, probe_s): an
+    # steps tables gain columns as the recorder does (decode_context, prefill_sq, probe_s, probe_mem_s): an
     # older shard's rows get nulls there; other tables must match exactly
     promote = {"promote_options": "permissive"} if what == "steps" else {}
     try:

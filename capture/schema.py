@@ -75,11 +75,13 @@ def dec_table(fins, hidden) -> pa.Table:
 
 STEP_COLS = ["run", "run_step", "wall_start_s", "step_s", "prefill_requests", "prefill_tokens",
              "decode_requests", "decode_tokens", "kv_usage", "decode_context", "prefill_sq",
-             "probe_s"]
+             "probe_s", "probe_mem_s"]
 # decode_context: sum over decoded requests of prompt + generated so far (the keys each attends);
 # prefill_sq: sum over prefill chunks of chunk x (computed before + chunk), causal-attention work;
 # probe_s: the drift probe's time after this step (null where not measured). All three are null
-# in steps recorded before they existed.
+# in steps recorded before they existed. probe_mem_s: the memory-bandwidth probe's time (a sum
+# over 64 MiB, beyond the L3) after this step, every 4th probed step (null otherwise and in older
+# steps).
 
 
 def steps_table(rows) -> pa.Table:
@@ -87,11 +89,11 @@ def steps_table(rows) -> pa.Table:
              "step_s": pa.float64(), "prefill_requests": pa.int32(), "prefill_tokens": pa.int32(),
              "decode_requests": pa.int32(), "decode_tokens": pa.int32(),
              "kv_usage": pa.float64(), "decode_context": pa.int64(), "prefill_sq": pa.int64(),
-             "probe_s": pa.float64()}
+             "probe_s": pa.float64(), "probe_mem_s": pa.float64()}
     out = {}
     for c in STEP_COLS:
         vals = [r.get(c) for r in rows]
-        if c in ("kv_usage", "probe_s"):
+        if c in ("kv_usage", "probe_s", "probe_mem_s"):
             vals = [None if (v is None or v != v) else float(v) for v in vals]
         out[c] = pa.array(vals, types[c])
     return pa.table(out)

@@ -25,6 +25,12 @@ import torch
 
 PROBE_N = 192
 PROBE_REPS = 2
+#: Memory probe: a reduction over a buffer twice the recording box's 32 MiB L3, so it streams from
+#: DRAM like the model's weights do and slows with the other cores' memory traffic, which the
+#: in-cache matmul probe does not see. Run every ``probe_every * PROBE_MEM_EVERY`` steps (it costs
+#: a few ms).
+PROBE_MEM_ELEMENTS = 16 * 2**20          # float32: 64 MiB
+PROBE_MEM_EVERY = 4
 
 
 def run_probe(a: torch.Tensor) -> float:
@@ -33,6 +39,17 @@ def run_probe(a: torch.Tensor) -> float:
     for _ in range(PROBE_REPS):
         torch.mm(a, a)
     return time.perf_counter() - t
+
+
+def run_mem_probe(buf: torch.Tensor) -> float:
+    """Seconds for one sum over ``buf`` (larger than the L3: a DRAM-bandwidth probe)."""
+    t = time.perf_counter()
+    buf.sum()
+    return time.perf_counter() - t
+
+
+def mem_probe_buffer() -> torch.Tensor:
+    return torch.ones(PROBE_MEM_ELEMENTS, dtype=torch.float32)
 
 
 class CaptureExt:
@@ -58,6 +75,7 @@ class CaptureExt:
             self._ct_block_size, self._ct_num_blocks = 0, 0
         self._ct_probe_every = int(probe_every or 0)
         self._ct_probe_in = torch.full((PROBE_N, PROBE_N), 0.5, dtype=torch.float32)
+        self._ct_probe_mem = mem_probe_buffer() if self._ct_probe_every else None   # allocated once
         self._ct_nsteps = 0
         self._ct_handles = []
         hooked = sorted(set(self._ct_last_layers) | set(self._ct_dec_layers))
@@ -104,6 +122,9 @@ class CaptureExt:
         info["probe_s"] = None
         if self._ct_probe_every and self._ct_nsteps % self._ct_probe_every == 0:
             info["probe_s"] = run_probe(self._ct_probe_in)
+        info["probe_mem_s"] = None
+        if self._ct_probe_every and self._ct_nsteps % (self._ct_probe_every * PROBE_MEM_EVERY) == 0:
+            info["probe_mem_s"] = run_mem_probe(self._ct_probe_mem)
         self._ct_nsteps += 1
         self._ct_steps.append(info)
 
@@ -212,6 +233,14 @@ class CaptureExt:
     def ct_info(self):
         return {"calls": self._ct_calls, "threads": torch.get_num_threads()}
 
-    def ct_probe(self, reps):
-        """``reps`` probe timings now (the serving command's quiet-machine reference)."""
-        return [run_probe(self._ct_probe_in) for _ in range(int(reps))]
+    def ct_probe(self, reps, memory=False):
+        """``reps`` probe timings now (the serving command's quiet-machine reference): a list of
+        matmul-probe times, or with ``memory`` a dict of both probes' lists (``probe_s``,
+        ``probe_mem_s``)."""
+        compute = [run_probe(self._ct_probe_in) for _ in range(int(reps))]
+        if not memory:
+            return compute
+        if getattr(self, "_ct_probe_mem", None) is None:
+            self._ct_probe_mem = mem_probe_buffer()
+        run_mem_probe(self._ct_probe_mem)          # first touch out of the reference
+        return {"probe_s": compute, "probe_mem_s": [run_mem_probe(self._ct_probe_mem) for _ in range(int(reps))]}

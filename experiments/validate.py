@@ -192,6 +192,12 @@ CONTENDED_PROBE_RATIO = 1.5
 #: median alone). A percentile, not the coefficient of variation: single preempted probes (one at
 #: 50x) blow the CV up on an otherwise quiet run.
 CONTENDED_PROBE_P90_RATIO = 2.0
+#: ... or when the memory probe's median (a sum over 64 MiB, beyond the L3: the DRAM bandwidth the
+#: model's weight streaming needs, which the in-cache matmul probe does not see) exceeds its quiet
+#: reference by more than this factor. 1.25: the memory probe's own run-to-run spread on a quiet
+#: core stays within it (measured medians 1.3-1.9 ms on the recording box with the other core
+#: serving), and a quarter slower weight streaming moves step times by about as much.
+CONTENDED_MEM_PROBE_RATIO = 1.25
 #: A run whose steps ran more than this factor off the profile run's (either way, median over its
 #: steps of measured / profile-predicted step time, same step compositions) is flagged
 #: ``host_mismatch``: the two runs ran on a differently loaded host. Reported, never corrected for.
@@ -516,10 +522,13 @@ def probe_summary(trace: Trace) -> dict:
     before, p90 = probe.get("before_run_median_s"), probe.get("p90_s")
     p90_ratio = float(p90 / before) if isinstance(p90, (int, float)) and isinstance(before, (int, float)) \
         and before > 0 else None
+    mem_ratio = (probe.get("memory") or {}).get("median_over_before_run")
+    mem_ratio = float(mem_ratio) if isinstance(mem_ratio, (int, float)) else None
     contended = bool((isinstance(ratio, (int, float)) and ratio > CONTENDED_PROBE_RATIO)
-                     or (p90_ratio is not None and p90_ratio > CONTENDED_PROBE_P90_RATIO))
+                     or (p90_ratio is not None and p90_ratio > CONTENDED_PROBE_P90_RATIO)
+                     or (mem_ratio is not None and mem_ratio > CONTENDED_MEM_PROBE_RATIO))
     return {"probe_median_over_before_run": ratio, "probe_p90_over_before_run": p90_ratio, "probe_cv": cv,
-            "contended": contended}
+            "mem_probe_median_over_before_run": mem_ratio, "contended": contended}
 
 
 def validate_serving(trace: Trace, profile_from: Trace, predictor_cost: str = "none") -> dict:

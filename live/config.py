@@ -64,7 +64,11 @@ class LiveSchedulerConfig:
     ``ordered_admission``; ``ordered_admission=False`` keeps vLLM's FCFS); hidden-state predictors
     have no estimate before prefill, so they admit FCFS. ``readout`` is a file from
     ``python -m live.readout`` (leap, leap-rls); ``head_weights`` an ssjf weight file (default:
-    the shipped ``predictors/weights/ssjf.npz``, the simulator's own).
+    the shipped ``predictors/weights/ssjf.npz``, the simulator's own). ``prior_tokens``: the
+    estimate an arrival-stage predictor gives before its score lands (the simulator's
+    ``prior_length`` = half the workload's cap); None = half the request's ``max_tokens``, right
+    only when ``max_tokens`` is the user's cap -- with forced lengths it IS the answer, so a
+    replay must set it.
     """
 
     policy: str = "countdown"
@@ -77,6 +81,7 @@ class LiveSchedulerConfig:
     update_every: int = 8
     head_weights: str | None = None
     ordered_admission: bool = True
+    prior_tokens: float | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in LIVE_POLICIES:
@@ -111,6 +116,10 @@ class LiveSchedulerConfig:
                                       f"not layer {self.layer}")
         elif self.readout is not None:
             raise LiveConfigError(f"predictor {self.predictor!r} uses no read-out; drop readout=")
+        if self.prior_tokens is not None and (isinstance(self.prior_tokens, bool)
+                                              or not isinstance(self.prior_tokens, (int, float))
+                                              or not math.isfinite(self.prior_tokens) or self.prior_tokens <= 0):
+            raise LiveConfigError(f"prior-tokens must be a number > 0, got {self.prior_tokens!r}")
         if not isinstance(self.ordered_admission, bool):
             raise LiveConfigError(f"ordered-admission must be true or false, got {self.ordered_admission!r}")
         if self.predictor == "ssjf":

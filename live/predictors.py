@@ -16,7 +16,8 @@
   norm, 256 tokens; one prompt per call, no padding) and scores the embedding with SSJF's shipped
   head (``predictors.ssjf.SSJF.lengths_of``, the simulator's numpy code). The scheduler takes the
   scores in at its next step start; until then a request holds the simulator's uninformed prior
-  (half its ``max_tokens``). Nothing runs in the engine's step but the hand-off.
+  (``LiveSchedulerConfig.prior_tokens``, the workload's half cap, when set -- always with forced
+  lengths, where ``max_tokens`` is the true length; else half its ``max_tokens``). Nothing runs in the engine's step but the hand-off.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ class LivePredictor:
 
     def rescore(self, Z: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+    def score_new(self, Z: np.ndarray) -> np.ndarray | None:
+        """Estimates of newly prefilled requests from the latest published weights, or None to keep
+        the hook's own value (no online update yet)."""
+        return None
 
     def stats(self) -> dict:
         return {"name": self.name}
@@ -149,6 +155,16 @@ class LeapRLSLive(LeapLive):
         self.rescore_s.append(time.perf_counter() - t)
         return out
 
+    def score_new(self, Z):
+        """The simulator scores a new feature with the current weights (``_predict_after_prefill``);
+        the hook folds the original ridge weights, so once an update is published the newest weights
+        replace its value. Reads ``_published`` only: the residents' re-score on the next publish
+        (``has_update`` / ``rescore``) is unaffected."""
+        version, theta = self._published
+        if version == 0:
+            return None
+        return self.readout.output(Z @ theta[:-1] + theta[-1])
+
     def wait_idle(self, timeout_s: float = 30.0) -> None:
         """Block until every queued update is published (tests, end of a run)."""
         deadline = time.monotonic() + timeout_s
@@ -179,6 +195,7 @@ class SSJFLive(LivePredictor):
         from capture.features import TextEncoder
         from predictors.ssjf import SSJF
 
+        self.prior_tokens = cfg.prior_tokens
         self.head_path = str(cfg.head_weights_path())
         self.model = SSJF(cfg.head_artifact())
         t = time.perf_counter()
@@ -212,7 +229,11 @@ class SSJFLive(LivePredictor):
             self._submitted += 1
         else:
             self.no_text += 1
-        return float(request.max_tokens) / 2.0      # the simulator's prior until the score lands
+        return self.prior(request)              # the simulator's prior until the score lands
+
+    def prior(self, request) -> float:
+        """The configured prior (the workload's half cap), else half the request's own cap."""
+        return float(self.prior_tokens) if self.prior_tokens is not None else float(request.max_tokens) / 2.0
 
     def _work(self) -> None:
         while True:
@@ -259,7 +280,7 @@ class SSJFLive(LivePredictor):
                 "encoder_load_s": self.encoder_load_s, "scored": self._done, "no_text": self.no_text,
                 "embed_cpu_s": list(self.embed_cpu_s), "embed_wall_s": list(self.embed_wall_s),
                 "head_cpu_s": list(self.head_cpu_s), "encoder_tokens": list(self.encoder_tokens),
-                "take_s": list(self.take_s)}
+                "take_s": list(self.take_s), "prior_tokens": self.prior_tokens}
 
     def close(self) -> None:
         self._in.put(None)

@@ -142,6 +142,9 @@ class LeapScheduler(Scheduler):
                     st.predicted_at_step = self._leap_step
         for ids, values, vectors in self.leap_channel.drain():
             z = pred.standardize(vectors) if vectors is not None else None
+            latest = pred.score_new(z) if z is not None else None
+            if latest is not None:          # leap-rls after an update: the newest weights, as the simulator
+                values = latest
             for j, rid in enumerate(ids):
                 st = self._leap_req.get(rid)
                 if st is None:

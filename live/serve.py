@@ -368,6 +368,13 @@ def serve_main(argv) -> int:
         src = load_trace(args.source)
     except TraceError as e:
         raise CaptureError(str(e)) from None
+    if live is not None and args.force_lengths:
+        # max_tokens = the true length here: the arrival prior is the simulator's (half the
+        # workload's cap), never half of max_tokens
+        import dataclasses
+
+        live = dataclasses.replace(live, prior_tokens=src.output_cap / 2.0)
+        engine_overrides = scheduler_engine_args(live)
     from capture.model import check_model_dir, model_revision, read_config
 
     model_dir = check_model_dir(args.model)
@@ -502,7 +509,8 @@ def serve_main(argv) -> int:
             log(f"engine has {be.kv_blocks} KV blocks (estimate {est_blocks})")
             check_kv(reqs, args.max_resident, be.kv_blocks, be.block_size or 128, args.kv_space_gib,
                      "reported by the engine")
-        quiet_probe = be.engine.collective_rpc("ct_probe", args=(20,))[0]
+        quiet = be.engine.collective_rpc("ct_probe", args=(20, True))[0]
+        quiet_probe, quiet_mem_probe = quiet["probe_s"], quiet["probe_mem_s"]
         by_id = {r.request_id: r for r in reqs}
         gen_reqs = [GenRequest(r.request_id, list(r.prompt_token_ids)) for r in reqs]
         if measure:
@@ -537,6 +545,7 @@ def serve_main(argv) -> int:
                    "ordered_admission": live.orders_admission if live is not None else False,
                    "readout": _file_ref(args.readout), "layer": live.hook_layer if live is not None else None,
                    "head_weights": _file_ref(args.head_weights),
+                   "prior_tokens": live.prior_tokens if live is not None else None,
                    "max_num_batched_tokens": args.max_num_batched_tokens,
                    "forced_lengths": args.force_lengths, "max_length": args.max_length,
                    "source_trace": {"name": src.name, "sha256": src.content_hash,
@@ -544,7 +553,7 @@ def serve_main(argv) -> int:
                    "seed": args.seed, "threads": threads_n, "kv_blocks": be.kv_blocks,
                    "kv_blocks_needed_at_cap": kv_need}
         return _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serving,
-                          quiet_probe, src, cfg, model_dir, template, tsha, sampling, dtype,
+                          (quiet_probe, quiet_mem_probe), src, cfg, model_dir, template, tsha, sampling, dtype,
                           max_model_len, t_start, log)
     finally:
         be.close()
@@ -566,6 +575,7 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
                src, cfg, model_dir, template, tsha, sampling, dtype, max_model_len, t_start, log):
     from capture.backend import GenRequest
     from capture.finalize import finalize
+    from capture.vllm_ext import PROBE_MEM_ELEMENTS, PROBE_MEM_EVERY
     from capture.model import model_id
     from capture.schema import steps_table
     if args.resume and out.exists() and not store.dir.exists():
@@ -631,7 +641,11 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
         probes = np.array([], dtype=float)
         if steps is not None and "probe_s" in steps.column_names:
             probes = np.array([v for v in steps.column("probe_s").to_pylist() if v is not None])
+        quiet_probe, quiet_mem_probe = quiet_probe
         q = np.asarray(quiet_probe, dtype=float)
+        mem = np.array([v for v in steps.column("probe_mem_s").to_pylist() if v is not None], dtype=float) \
+            if steps is not None and "probe_mem_s" in steps.column_names else np.array([], dtype=float)
+        qm = np.asarray(quiet_mem_probe, dtype=float)
         serving["probe"] = {
             "every_steps": args.probe_every, "workload": "2 x 192x192 fp32 torch.mm on the engine's threads",
             "before_run_median_s": float(np.median(q)),
@@ -640,6 +654,18 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
                 "max_s": float(probes.max()), "cv": float(probes.std() / probes.mean()),
                 "median_over_before_run": float(np.median(probes) / np.median(q))}
                if len(probes) else {}),
+            "memory": {
+                "every_steps": args.probe_every * PROBE_MEM_EVERY,
+                "workload": f"sum over a {PROBE_MEM_ELEMENTS * 4 // 2**20} MiB fp32 buffer (beyond the L3: "
+                            "DRAM bandwidth)",
+                "before_run_median_s": float(np.median(qm)), "measured": int(len(mem)),
+                **({"median_s": float(np.median(mem)), "p90_s": float(np.quantile(mem, 0.9)),
+                    "median_over_before_run": float(np.median(mem) / np.median(qm)),
+                    "p90_over_before_run": float(np.quantile(mem, 0.9) / np.median(qm)),
+                    "overhead_share_of_step_s": float(mem.sum() / max(sum(
+                        v for v in steps.column("step_s").to_pylist() if v is not None), 1e-12))}
+                   if len(mem) else {}),
+            },
         }
         serving["segments"] = [json.loads(f.read_text()) for f in sorted(store.dir.glob("segment-*.json"))]
         serving["segments"] = [s for s in serving["segments"] if s["requests"] or s["run"] == store.run]

@@ -388,3 +388,89 @@ def test_ssjf_live_without_prompt_text_keeps_the_prior_and_finishes():
     assert pstats["no_text"] == 4 and pstats["scored"] == 0
     assert np.isnan(reqs["first_predicted"]).all()
     _check_slots(stats, 2)
+
+
+# ----------------------------------------------------------------------------- leap-rls: new requests (no engine)
+@pytest.mark.skipif(not HAVE_VLLM, reason="needs vllm (live.scheduler imports its Scheduler)")
+def test_leap_rls_scores_new_requests_with_the_latest_published_weights(readout_path):
+    """After an RLS update is published, a newly prefilled request's estimate (and first estimate) is
+    the read-out with the newest weights, as the simulator's ``_predict_after_prefill``, not the hook's
+    frozen value; the residents' re-score on that publish still happens."""
+    import torch
+
+    from live.predictors import LeapRLSLive
+    from live.scheduler import LeapScheduler, _ReqState
+    from live.worker_ext import PredictionChannel
+
+    cfg = LiveSchedulerConfig(policy="countdown", predictor="leap-rls", max_resident=8, decode_slots=2,
+                              wait_cap=8, readout=str(readout_path), update_every=4)
+    pred = LeapRLSLive(cfg)
+    try:
+        sched = object.__new__(LeapScheduler)           # the step logic only: no engine
+        sched.leap_predictor, sched.leap_channel = pred, PredictionChannel()
+        sched._leap_req, sched._leap_step = {}, 0
+        readout = pred.readout
+        rng = np.random.default_rng(0)
+        d = len(readout.mean)
+
+        def prefill(rid, vec):
+            frozen = float(readout.output(readout.linear(readout.standardize(vec[None], dtype=np.float64)))[0])
+            sched._leap_req[rid] = _ReqState(seq=len(sched._leap_req), arrival_s=0.0, predicted=readout.prior_length)
+            sched.leap_channel.pending.append(([rid], torch.tensor([frozen]), torch.from_numpy(vec[None].copy())))
+            return frozen
+
+        hidden = rng.normal(size=(6, d)).astype(np.float32) * readout.scale.astype(np.float32) \
+            + readout.mean.astype(np.float32)
+        frozen0 = prefill("old", hidden[0])
+        sched._take_predictions()
+        assert sched._leap_req["old"].first_predicted == pytest.approx(frozen0)   # no update yet: the hook's value
+        for k in range(4):                              # one update: 4 finished requests with long outputs
+            pred.on_finished(readout.standardize(hidden[1 + k][None], dtype=np.float64)[0], 900 + 10 * k)
+        pred.wait_idle()
+        version, theta = pred._published
+        assert version == 1 and not np.allclose(theta, pred.file.theta)
+        frozen = prefill("new", hidden[5])
+        sched._take_predictions()
+        z = readout.standardize(hidden[5][None], dtype=np.float64)
+        want = float(readout.output(z @ theta[:-1] + theta[-1])[0])
+        st = sched._leap_req["new"]
+        assert st.first_predicted == pytest.approx(want, rel=1e-9) and st.predicted == pytest.approx(want, rel=1e-9)
+        assert abs(want - frozen) > 1e-3                # the frozen hook value would differ
+        old = sched._leap_req["old"]                    # the resident was re-scored with the same weights
+        zo = readout.standardize(hidden[0][None], dtype=np.float64)
+        assert old.predicted == pytest.approx(float(readout.output(zo @ theta[:-1] + theta[-1])[0]))
+        assert old.first_predicted == pytest.approx(frozen0)
+        assert not pred.has_update() and len(pred.rescore_s) == 1
+    finally:
+        pred.close()
+
+
+# ----------------------------------------------------------------------------- ssjf: the arrival prior
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "512"])
+def test_prior_tokens_validated(bad):
+    with pytest.raises(LiveConfigError, match="prior-tokens must be a number > 0"):
+        LiveSchedulerConfig(policy="fcfs", predictor="oracle", prior_tokens=bad)
+
+
+@needs_encoder
+def test_ssjf_prior_is_the_workloads_half_cap_not_the_forced_length():
+    """With forced lengths max_tokens is the true length: an unscored request must hold the configured
+    prior (the simulator's half workload cap), not max_tokens / 2; without it, half max_tokens stays."""
+    from types import SimpleNamespace
+
+    from live.predictors import SSJFLive
+
+    def request(rid, length):
+        return SimpleNamespace(request_id=rid, max_tokens=length, sampling_params=SimpleNamespace(extra_args=None))
+
+    forced = SSJFLive(LiveSchedulerConfig(policy="countdown", predictor="ssjf", prior_tokens=512.0))
+    plain = SSJFLive(LiveSchedulerConfig(policy="countdown", predictor="ssjf"))
+    try:
+        assert forced.at_arrival(request("a", 37)) == 512.0
+        assert forced.at_arrival(request("b", 900)) == 512.0
+        assert plain.at_arrival(request("c", 37)) == 18.5
+        assert LiveSchedulerConfig.from_dict(LiveSchedulerConfig(
+            policy="countdown", predictor="ssjf", prior_tokens=512.0).to_dict()).prior_tokens == 512.0
+    finally:
+        forced.close()
+        plain.close()

@@ -98,6 +98,15 @@ def test_tiny_serving_run(tmp_path):
     assert sv["mode"] == "open-loop" and sv["rate_req_s"] == 3 and sv["forced_lengths"]
     assert sv["source_trace"]["name"] == "lmsys" and sv["threads"] == 1
     assert sv["probe"]["measured"] == len(probes[::2])
+    # the memory-bandwidth probe: every 2 x 4 = 8th step, nullable elsewhere, summarised
+    mem = [s["probe_mem_s"] for s in steps]
+    assert all(p > 0 for p in mem[::8]) and all(p is None for i, p in enumerate(mem) if i % 8)
+    m = sv["probe"]["memory"]
+    assert m["measured"] == len(mem[::8]) and m["every_steps"] == 8 and m["before_run_median_s"] > 0
+    assert m["median_s"] > 0 and m["p90_s"] >= m["median_s"] and m["median_over_before_run"] > 0
+    assert 0 < m["overhead_share_of_step_s"]
+    print(f"memory probe: median {m['median_s'] * 1e3:.2f} ms, quiet {m['before_run_median_s'] * 1e3:.2f} ms, "
+          f"overhead {m['overhead_share_of_step_s']:.4%} of step time at every 8th step")
     text = json.dumps(meta)
     assert str(ROOT) not in text and str(tmp_path) not in text and str(MODEL) not in text
     node = os.uname().nodename

@@ -183,6 +183,11 @@ def test_contended_flag():
     assert not probe(median_over_before_run=1.2, before_run_median_s=1.0, p90_s=1.3)["contended"]
     assert probe(median_over_before_run=1.6, before_run_median_s=1.0, p90_s=1.7)["contended"]
     assert probe(median_over_before_run=1.1, before_run_median_s=1.0, p90_s=2.5)["contended"]
+    # memory-bandwidth contention the in-cache matmul probe does not see
+    quiet_cpu = dict(median_over_before_run=1.05, before_run_median_s=1.0, p90_s=1.1)
+    assert not probe(**quiet_cpu, memory={"median_over_before_run": 1.2})["contended"]
+    row = probe(**quiet_cpu, memory={"median_over_before_run": 1.4})
+    assert row["contended"] and row["mem_probe_median_over_before_run"] == 1.4
 
 
 def test_report_section_without_rows():
