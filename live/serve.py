@@ -575,9 +575,9 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
                src, cfg, model_dir, template, tsha, sampling, dtype, max_model_len, t_start, log):
     from capture.backend import GenRequest
     from capture.finalize import finalize
-    from capture.vllm_ext import PROBE_MEM_ELEMENTS, PROBE_MEM_EVERY
     from capture.model import model_id
     from capture.schema import steps_table
+    from capture.vllm_ext import PROBE_MEM_ELEMENTS, PROBE_MEM_EVERY
     if args.resume and out.exists() and not store.dir.exists():
         from capture.store import read_meta
         if read_meta(out).get("run_config") == run_config:
