@@ -23,6 +23,7 @@ from typing import Callable, ClassVar, Literal
 
 import numpy as np
 
+from core.hardware import DEFAULT_HARDWARE, Hardware
 from core.trace import Trace
 
 
@@ -95,6 +96,7 @@ class Predictor(ABC):
     output: ClassVar[Literal["length", "rank"]] = "length"
     stage: ClassVar[Literal["arrival", "prefill"]] = "prefill"
     requires: ClassVar[tuple[str, ...]] = ()   # trace columns the predictor reads
+    sees_true_lengths: ClassVar[bool] = False  # oracles only: bound to the trace with its true lengths
     refresh_every: int | None = None
 
     @classmethod
@@ -102,7 +104,8 @@ class Predictor(ABC):
         return cls()
 
     def bind(self, workload: Trace, rng: np.random.Generator) -> None:
-        """Attach the run's requests (row i = request i of the run). Called once per run."""
+        """Attach the run's requests (row i = request i of the run). Called once per run, by the
+        engine, with the true output lengths removed unless ``sees_true_lengths`` (oracles)."""
         missing = [c for c in self.requires if not workload.has_feature(c)]
         if missing:
             from core.trace import TraceError
@@ -127,7 +130,8 @@ class Predictor(ABC):
         """True lengths of finished requests; return work for the CPU worker, or None."""
         return None
 
-    def cost(self) -> PredictorCost:
+    def cost(self, hardware: Hardware = DEFAULT_HARDWARE) -> PredictorCost:
+        """What this predictor costs on ``hardware`` (the run's engine: GPU and served model)."""
         return FREE
 
     @property

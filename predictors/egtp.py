@@ -36,8 +36,9 @@ from __future__ import annotations
 import numpy as np
 
 from core.trace import Trace
+from core.hardware import DEFAULT_HARDWARE, Hardware
 from predictors.base import PredictorCost
-from predictors.gpu_cost import describe_cost, egtp_cost
+from predictors.gpu_cost import egtp_cost
 from predictors.heads import (Artifact, HeadPredictor, act, dropout, layernorm, linear, new_artifact,
                               softmax)
 
@@ -138,9 +139,8 @@ class EGTP(HeadPredictor):
     def predict(self, rows):
         return self._estimate[np.asarray(rows, dtype=np.int64)]
 
-    def cost(self) -> PredictorCost:
-        return egtp_cost()
+    def cost(self, hardware: Hardware = DEFAULT_HARDWARE) -> PredictorCost:
+        return egtp_cost(hardware.model, hardware.gpu)
 
     def describe(self) -> dict:
-        return {"name": self.name, **self.artifact.describe(), "bin_edges": self.edges.tolist(),
-                "cost": describe_cost(self.cost())}
+        return {"name": self.name, **self.artifact.describe(), "bin_edges": self.edges.tolist()}

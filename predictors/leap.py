@@ -47,6 +47,7 @@ import numpy as np
 from core.readout import (DEFAULT_COLUMN, DEFAULT_TARGET, LinearReadout, fit_readout, get_target, ridge_system,
                           with_bias)
 from core.trace import Trace, TraceError, load_trace, trace_from_arrays
+from core.hardware import DEFAULT_HARDWARE, Hardware
 from predictors.base import PendingUpdate, Predictor, PredictorCost, PredictorOptions
 
 # --- cost model (benchmarks/bench_leap.py, one BLAS thread, on the development machine: a shared
@@ -372,7 +373,8 @@ class Leap(Predictor):
         return out
 
     # -- cost and description -----------------------------------------------------------------
-    def cost(self) -> PredictorCost:
+    def cost(self, hardware: Hardware = DEFAULT_HARDWARE) -> PredictorCost:
+        """CPU-side costs (the read-out and RLS run on the host), the same on every GPU."""
         meta = self.workload.metadata if hasattr(self, "workload") else self.train_trace.metadata
         return PredictorCost(cpu_s_per_prediction=prediction_cpu_s(self.readout.d),
                              tap_fraction=_tap_fraction(meta, self.column),

@@ -33,8 +33,9 @@ from __future__ import annotations
 import numpy as np
 
 from core.trace import Trace
+from core.hardware import DEFAULT_HARDWARE, Hardware
 from predictors.base import PredictorCost
-from predictors.gpu_cost import OPT_125M, describe_cost, encoder_cost
+from predictors.gpu_cost import OPT_125M, encoder_cost
 from predictors.heads import Artifact, HeadPredictor, act, linear, new_artifact
 
 METHOD = "ltr"
@@ -152,9 +153,8 @@ class LTR(HeadPredictor):
     def prior_length(self) -> float:
         return SCORE_CLIP   # only used before a request is scored: last
 
-    def cost(self) -> PredictorCost:
-        return encoder_cost(OPT_125M)
+    def cost(self, hardware: Hardware = DEFAULT_HARDWARE) -> PredictorCost:
+        return encoder_cost(OPT_125M, hardware.gpu)
 
     def describe(self) -> dict:
-        return {"name": self.name, **self.artifact.describe(), "encoder_charged": OPT_125M.name,
-                "cost": describe_cost(self.cost())}
+        return {"name": self.name, **self.artifact.describe(), "encoder_charged": OPT_125M.name}

@@ -16,6 +16,7 @@ from predictors.base import Predictor, PredictorOptions
 class NoisyOracle(Predictor):
     name = "noisy-oracle"
     stage = "arrival"
+    sees_true_lengths = True
 
     def __init__(self, noise_mae: float = 0.0):
         self.noise_mae = float(noise_mae)

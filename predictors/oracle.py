@@ -10,6 +10,7 @@ from predictors.base import Predictor
 class Oracle(Predictor):
     name = "oracle"
     stage = "arrival"
+    sees_true_lengths = True
 
     def bind(self, workload, rng):
         super().bind(workload, rng)

@@ -54,8 +54,9 @@ from functools import lru_cache
 import numpy as np
 
 from core.trace import Trace
+from core.hardware import DEFAULT_HARDWARE, Hardware
 from predictors.base import PredictorCost, PredictorOptions
-from predictors.gpu_cost import DEBERTA_V3_BASE, describe_cost, encoder_cost
+from predictors.gpu_cost import DEBERTA_V3_BASE, encoder_cost
 from predictors.heads import Artifact, HeadPredictor, act, dropout, layernorm, linear, new_artifact
 
 METHOD = "tie"
@@ -219,9 +220,9 @@ class Tie(HeadPredictor):
         self._finished += len(rows)
         return None
 
-    def cost(self) -> PredictorCost:
-        return encoder_cost(DEBERTA_V3_BASE)
+    def cost(self, hardware: Hardware = DEFAULT_HARDWARE) -> PredictorCost:
+        return encoder_cost(DEBERTA_V3_BASE, hardware.gpu)
 
     def describe(self) -> dict:
         return {"name": self.name, **self.artifact.describe(), "batch_B": self.batch,
-                "encoder_charged": DEBERTA_V3_BASE.name, "cost": describe_cost(self.cost())}
+                "encoder_charged": DEBERTA_V3_BASE.name}

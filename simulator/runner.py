@@ -14,11 +14,13 @@ from core.trace import Trace, load_trace, trace_reference
 from policies import make_policy
 from predictors import make_predictor
 from predictors.base import PredictorOptions
+from predictors.gpu_cost import describe_cost
 from simulator.engine import EngineConfig, RunResult, Simulation
 from simulator.metrics import summarize
 from simulator.preset import recorded_engine_config, recorded_window
 from simulator.profiles import DEFAULT_PROFILE, make_profile
-from simulator.workload import ArrivalSpec, make_arrivals, measure_capacity
+from simulator.capacity import measure_capacity
+from simulator.workload import ArrivalSpec, make_arrivals
 
 NO_PREDICTOR = "none"
 #: Largest seed: results tables store it as a Parquet int64.
@@ -139,8 +141,6 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
     predictor = None if config.predictor == NO_PREDICTOR else make_predictor(config.predictor, config.predictor_options)
     if predictor is None and policy.uses_predictions:
         raise ValueError(f"policy {config.policy!r} needs a predictor (--predictor)")
-    if predictor is not None:   # train or load now, so a bad training trace fails before any output
-        predictor.bind(workload, np.random.default_rng(config.seed))
     profile = make_profile(config.engine, trace)
     engine_config = config.engine_config_for(trace)
     check_kv_budget(workload, engine_config)
@@ -156,6 +156,7 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
         capacity = measure_capacity(workload, profile, engine_config)
         rate = config.load * capacity
         arrival_s = make_arrivals(config.arrivals, workload, rate, config.seed)
+    # binds the predictor (trains or loads it), so a bad training trace fails before any output
     sim = Simulation(workload, arrival_s, policy=policy, predictor=predictor, profile=profile,
                      config=engine_config, seed=config.seed, charge_cost=config.charge_cost,
                      record_steps=record_steps, progress=progress, closed_loop=window)
@@ -172,6 +173,9 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
         "arrivals_hash": hashlib.sha256(np.ascontiguousarray(arrival_s, dtype=np.float64).tobytes()).hexdigest(),
         "code_hash": code_hash(),
     }
+    if predictor is not None:
+        resolved["predictor_settings"] = predictor.describe()
+        resolved["predictor_cost"] = describe_cost(sim.predictor_cost)
     if config.preset is not None or window is not None:
         resolved["engine_config_used"] = asdict(engine_config)
         resolved["closed_loop_window"] = window
@@ -181,9 +185,6 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
 def execute(prepared: Prepared) -> tuple[dict, RunResult]:
     """Run a prepared simulation and summarise it."""
     result = prepared.simulation.run()
-    predictor = prepared.simulation.predictor
-    if predictor is not None:
-        prepared.resolved["predictor_settings"] = predictor.describe()
     cfg = prepared.config
     summary = summarize(
         result,

@@ -25,7 +25,8 @@ from predictors import make_predictor
 from predictors.base import PredictorOptions
 from simulator.engine import EngineConfig, Simulation
 from simulator.profiles import make_profile
-from simulator.workload import ArrivalSpec, make_arrivals, measure_capacity
+from simulator.capacity import measure_capacity
+from simulator.workload import ArrivalSpec, make_arrivals
 
 BASELINES = ("tie", "ssjf", "ltr", "trail", "egtp")
 LMSYS = traces_dir() / "lmsys.parquet"
@@ -317,7 +318,7 @@ def test_trail_refresh_uses_recorded_vectors_and_counts_down_exactly(synth_test)
     assert got == pytest.approx(expected, rel=1e-12) and got != first
     # between refreshes the total stays put, so countdown's key falls by exactly one per token
     view = SchedulerView(now=0.0, arrival_s=np.zeros(1), predicted=np.array([got]), generated=np.array([64]),
-                         output_kind="length", waiting=0, decode_slots=1)
+                         output_kind="length")
     keys = []
     for g in range(64, 128):
         view.generated[0] = g
@@ -365,7 +366,7 @@ def test_trail_predictions_change_only_at_refresh_points(synth_test):
 def _view(**kw):
     n = len(kw["arrival_s"])
     base = dict(now=0.0, predicted=np.full(n, 100.0), generated=np.zeros(n, dtype=np.int64), output_kind="length",
-                waiting=0, decode_slots=1, step=0, last_served=np.zeros(n, dtype=np.int64),
+                step=0, last_served=np.zeros(n, dtype=np.int64),
                 first_predicted=np.full(n, 100.0))
     base.update(kw)
     return SchedulerView(**base)
@@ -390,6 +391,7 @@ def test_ssjf_starvation_override():
 
 def test_ltr_starvation_promotion_for_ten_runs():
     policy = make_policy("ltr-starvation")
+    policy.reset(3)
     rows = np.arange(3)
     scores = np.array([5.0, 1.0, 2.0])                                # rank scores, lower first
     last = np.array([0, 299, 299])
@@ -406,7 +408,22 @@ def test_ltr_starvation_promotion_for_ten_runs():
     # idle 199 is not enough
     view = _view(arrival_s=np.zeros(2), predicted=np.array([5.0, 1.0]), output_kind="rank", step=200,
                  last_served=np.array([0, 199]))
-    assert np.argsort(make_policy("ltr-starvation").decode_keys(view, np.arange(2)), kind="stable")[0] == 1
+    fresh = make_policy("ltr-starvation")
+    fresh.reset(2)
+    assert np.argsort(fresh.decode_keys(view, np.arange(2)), kind="stable")[0] == 1
+
+
+def test_ltr_starvation_reset_starts_a_new_run():
+    """The engine calls reset(n) at the start of each run: promotions of the last run do not leak
+    into the next, even when the new run's view reuses the same arrays."""
+    policy = make_policy("ltr-starvation")
+    policy.reset(2)
+    view = _view(arrival_s=np.zeros(2), predicted=np.array([5.0, 1.0]), output_kind="rank", step=300,
+                 last_served=np.array([0, 299]))
+    assert np.argsort(policy.decode_keys(view, np.arange(2)), kind="stable")[0] == 0   # row 0 promoted
+    policy.reset(2)
+    view.step, view.last_served[:] = 10, [9, 9]                       # a new run: nobody idle
+    assert np.argsort(policy.decode_keys(view, np.arange(2)), kind="stable")[0] == 1
 
 
 def test_trail_limited_preemption():

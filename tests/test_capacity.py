@@ -14,7 +14,7 @@ from experiments.cli import main
 from simulator.engine import EngineConfig
 from simulator.profiles import make_profile
 from simulator.profiles.unit import UnitProfile
-from simulator.workload import capacity_key, measure_capacity
+from simulator.capacity import capacity_key, measure_capacity
 
 TRACE = "sharegpt-lengths"
 

@@ -19,7 +19,8 @@ from simulator.profiles import make_profile
 from simulator.profiles.fitted import FittedProfile
 from simulator.profiles.roofline import RooflineProfile
 from simulator.profiles.unit import UnitProfile
-from simulator.workload import ArrivalSpec, make_arrivals, measure_capacity
+from simulator.capacity import measure_capacity
+from simulator.workload import ArrivalSpec, make_arrivals
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -208,7 +209,7 @@ class _SlowCPUPredictor(Predictor):
     def predict(self, rows):
         return np.full(len(rows), 7.0)
 
-    def cost(self):
+    def cost(self, hardware=None):
         return self._cost
 
 

@@ -377,7 +377,6 @@ class RecordingPolicy(Policy):
         self.inner = inner
         self.name = inner.name
         self.uses_predictions = inner.uses_predictions
-        self.rescore_interval_s = inner.rescore_interval_s
         self.calls: list[tuple] = []
 
     def _record(self, kind, view, rows, keys):
@@ -385,6 +384,9 @@ class RecordingPolicy(Policy):
         self.calls.append((kind, view.now, tuple(rows.tolist()), tuple(view.predicted[rows].tolist()),
                            tuple(view.generated[rows].tolist()), None if keys is None else tuple(np.asarray(keys).tolist())))
         return keys
+
+    def reset(self, n):
+        self.inner.reset(n)
 
     def decode_keys(self, view, rows):
         return self._record("decode", view, rows, self.inner.decode_keys(view, rows))
