@@ -344,17 +344,21 @@ def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int
     if args.plots:
         from experiments.plots import _pyplot
         _pyplot()   # fail now, not after the runs, if matplotlib is missing
-    single = None   # a lone local run is executed from its check, not built twice
+    jobs = args.jobs or os.cpu_count() or 1
+    # runs executed here, one after another, are run from their check (prepared and bound once);
+    # runs for worker processes are prepared again there (a bound run does not travel cheaply)
+    in_process = args.executor == "local" and (jobs == 1 or len(configs) == 1)
+    checked = []
     decode_slots = None
     for config in configs:   # every input checked (and capacity cached) before anything runs or is written
         prepared = prepare(config)
         decode_slots = prepared.simulation.config.decode_slots
-        if len(configs) == 1 and args.executor == "local":
-            single = prepared
+        if in_process:
+            checked.append(prepared)
+    single = checked or None
     if args.out is not None:
         _check_out(args.out, [args.out] if len(configs) == 1 else [args.out / run_slug(c) for c in configs],
                    created if created is not None else [])
-    jobs = args.jobs or os.cpu_count() or 1
     show_progress = not args.quiet and not args.json and sys.stderr.isatty()
     if show_progress:
         from rich.progress import Progress

@@ -61,6 +61,15 @@ class PredictorCost:
 FREE = PredictorCost()
 
 
+@dataclass(frozen=True)
+class Known:
+    """What the serving system knows when it asks for estimates: requests arrived and finished so
+    far (queue-aware predictors, e.g. TIE's L_q). The engine passes it with every ``predict``."""
+
+    arrived: int
+    finished: int
+
+
 @dataclass
 class PendingUpdate:
     """Online-learning work handed to the CPU worker; ``publish`` makes its result visible."""
@@ -114,8 +123,9 @@ class Predictor(ABC):
         self.workload = workload
 
     @abstractmethod
-    def predict(self, rows: np.ndarray) -> np.ndarray:
-        """Estimates for ``rows`` from the currently published state (float64 array)."""
+    def predict(self, rows: np.ndarray, known: Known | None = None) -> np.ndarray:
+        """Estimates for ``rows`` from the currently published state (float64 array). ``known``:
+        the system's arrived/finished counts at that instant (the engine always passes it)."""
 
     def after_prefill(self, rows: np.ndarray) -> np.ndarray | None:
         """Arrival-stage predictors that also read the serving model's prefill state (TRAIL) return

@@ -136,7 +136,7 @@ class EGTP(HeadPredictor):
         super().bind(workload, rng)
         self._estimate = self.expected_length(workload.feature(self.column))
 
-    def predict(self, rows):
+    def predict(self, rows, known=None):
         return self._estimate[np.asarray(rows, dtype=np.int64)]
 
     def cost(self, hardware: Hardware = DEFAULT_HARDWARE) -> PredictorCost:

@@ -356,7 +356,7 @@ class Leap(Predictor):
         self._dec_end = np.searchsorted(rows, np.arange(n), side="right")
         self.refresh_every = int(every)
 
-    def predict(self, rows) -> np.ndarray:
+    def predict(self, rows, known=None) -> np.ndarray:
         return self._pred[np.asarray(rows, dtype=np.int64)]
 
     def refresh(self, rows, generated) -> np.ndarray:
@@ -432,7 +432,7 @@ class LeapRLS(Leap):
         self._buffered = 0
         self._target = get_target(readout.target)
 
-    def predict(self, rows) -> np.ndarray:
+    def predict(self, rows, known=None) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64)
         theta = self._published
         return self._readout.output(self._Z[rows].astype(np.float64) @ theta[:-1] + theta[-1])

@@ -146,7 +146,7 @@ class LTR(HeadPredictor):
         super().bind(workload, rng)
         self._score = self.rank_score(workload.feature(self.column))
 
-    def predict(self, rows):
+    def predict(self, rows, known=None):
         return self._score[np.asarray(rows, dtype=np.int64)]
 
     @property

@@ -16,7 +16,7 @@ class Oracle(Predictor):
         super().bind(workload, rng)
         self._truth = workload.output_tokens.astype(np.float64)
 
-    def predict(self, rows):
+    def predict(self, rows, known=None):
         return self._truth[rows]
 
     @property

@@ -124,7 +124,7 @@ class SSJF(HeadPredictor):
         super().bind(workload, rng)
         self._class = self.classes_of(workload.feature(self.column))
 
-    def predict(self, rows):
+    def predict(self, rows, known=None):
         return self.class_length[self._class[np.asarray(rows, dtype=np.int64)]]
 
     def predicted_class(self, rows) -> np.ndarray:

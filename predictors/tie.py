@@ -30,9 +30,8 @@ at 8,192 midpoints u_i = (i + 1/2)/N with the t(3.5) quantile Q from a numerical
 (-pi/2, pi/2)). Tests hold it to a 4M-sample Monte Carlo within 1%.
 
 beta = min(0.5, max(0.1, 0.1 * L_q / B)) with TIE's L_q = waiting queue and B = max_num_seqs. The
-scheduler's ``view.waiting`` is not visible to a predictor, so L_q is the predictor's own causal
-count: L_q = max(0, arrived - finished - B), with arrived = requests scored so far (rows arrive in
-order) and finished = requests fed back through :meth:`feedback`; B = 64 (the engine's decode
+scheduler's waiting queue is approximated from what the engine passes with every ``predict``
+(:class:`predictors.base.Known`): L_q = max(0, arrived - finished - B); B = 64 (the engine's decode
 slots, the analogue of vLLM's running batch). I.e. requests in the system beyond one decode batch.
 The score is fixed when the request is scored (as in TIE, where the predictor thread computes it
 once). Output kind is ``length`` (the score is in tokens), so ``countdown`` and ``aging`` (TIE's
@@ -55,7 +54,7 @@ import numpy as np
 
 from core.trace import Trace
 from core.hardware import DEFAULT_HARDWARE, Hardware
-from predictors.base import PredictorCost, PredictorOptions
+from predictors.base import Known, PredictorCost, PredictorOptions
 from predictors.gpu_cost import DEBERTA_V3_BASE, encoder_cost
 from predictors.heads import Artifact, HeadPredictor, act, dropout, layernorm, linear, new_artifact
 
@@ -204,21 +203,18 @@ class Tie(HeadPredictor):
     def bind(self, workload, rng):
         super().bind(workload, rng)
         self._mu, self._sigma = self.distribution(workload.feature(self.column))
-        self._finished = 0
 
-    def queue_estimate(self, arrived: int) -> int:
-        return max(0, arrived - self._finished - self.batch)
+    def queue_estimate(self, known: Known) -> int:
+        return max(0, known.arrived - known.finished - self.batch)
 
-    def predict(self, rows):
+    def predict(self, rows, known: Known | None = None):
+        if known is None:
+            raise ValueError("tie scores with the queue length: predict needs the arrived/finished counts (known)")
         rows = np.asarray(rows, dtype=np.int64)
         if not len(rows):
             return np.empty(0)
-        beta = tie_beta(self.queue_estimate(int(rows.max()) + 1), self.batch)
+        beta = tie_beta(self.queue_estimate(known), self.batch)
         return tie_score(self._mu[rows], self._sigma[rows], beta, nu=self.nu)
-
-    def feedback(self, rows, output_tokens):
-        self._finished += len(rows)
-        return None
 
     def cost(self, hardware: Hardware = DEFAULT_HARDWARE) -> PredictorCost:
         return encoder_cost(DEBERTA_V3_BASE, hardware.gpu)

@@ -271,7 +271,7 @@ class Trail(HeadPredictor):
             self.prefilled[rows] = True
 
     # -- the interface
-    def predict(self, rows):
+    def predict(self, rows, known=None):
         rows = np.asarray(rows, dtype=np.int64)
         return self.total[rows]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
-from predictors.base import PendingUpdate, Predictor, PredictorCost
+from predictors.base import Known, PendingUpdate, Predictor, PredictorCost
 from simulator.requests import RequestTable
 
 
@@ -73,7 +73,8 @@ class PredictionDriver(NoPrediction):
         return self.in_use_abs_error / self.in_use_decodes if self.in_use_decodes else None
 
     def _predict(self, rows: np.ndarray) -> np.ndarray:
-        return self.predictor.predict(rows)
+        t = self.table
+        return self.predictor.predict(rows, Known(arrived=t.arrived_by(self.env.now), finished=t.finished))
 
     def score_arrivals(self, arrived: int, now: float) -> None:
         """Arrival-stage predictors score new arrivals before the step; the GPU pays next step."""

@@ -22,7 +22,7 @@ from core.trace import load_trace, trace_from_arrays, trace_metadata, traces_dir
 from policies import make_policy
 from policies.base import SchedulerView
 from predictors import make_predictor
-from predictors.base import PredictorOptions
+from predictors.base import Known, PredictorOptions
 from simulator.engine import EngineConfig, Simulation
 from simulator.profiles import make_profile
 from simulator.capacity import measure_capacity
@@ -114,7 +114,7 @@ def held_out(name: str, predictor, test) -> float:
     positively with length, like the length predictors.
     """
     predictor.bind(test, np.random.default_rng(0))
-    pred = predictor.predict(np.arange(len(test)))
+    pred = predictor.predict(np.arange(len(test)), Known(arrived=len(test), finished=0))
     metric = kendall_tau_b if name == "ltr" else spearman
     return metric(pred, test.output_tokens)
 
@@ -232,6 +232,21 @@ def test_tie_score_matches_high_sample_monte_carlo(mu, sigma, beta):
 def test_tie_beta_and_queue_estimate():
     from predictors.tie import tie_beta
     assert tie_beta(0, 64) == 0.1 and tie_beta(192, 64) == pytest.approx(0.3) and tie_beta(10_000, 64) == 0.5
+
+
+def test_tie_scores_from_the_counts_it_is_given_not_row_numbers(synth_test):
+    """L_q comes from the arrived/finished counts the engine passes, whatever rows are asked."""
+    from predictors.tie import Tie
+    tie = Tie.__new__(Tie)
+    tie.batch, tie.nu = 64, 3.5
+    tie._mu, tie._sigma = np.full(4, 5.0), np.full(4, 1.0)
+    rows = np.array([0])
+    calm, busy = Known(arrived=1, finished=0), Known(arrived=1000, finished=0)
+    assert tie.queue_estimate(calm) == 0 and tie.queue_estimate(busy) == 1000 - 64
+    assert tie.predict(rows, busy)[0] > tie.predict(rows, calm)[0]      # a longer queue weighs the tail more
+    assert tie.predict(np.array([3]), calm)[0] == tie.predict(rows, calm)[0]   # row 3 does not mean 4 arrived
+    with pytest.raises(ValueError, match="known"):
+        tie.predict(rows)
 
 
 # ----------------------------------------------------------------------------- TRAIL

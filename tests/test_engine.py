@@ -206,7 +206,7 @@ class _SlowCPUPredictor(Predictor):
     def bind(self, workload, rng):
         super().bind(workload, rng)
 
-    def predict(self, rows):
+    def predict(self, rows, known=None):
         return np.full(len(rows), 7.0)
 
     def cost(self, hardware=None):

@@ -62,7 +62,7 @@ class FixedPredictor(Predictor):
         super().bind(workload, rng)
         self._rows = np.array([self.values[int(str(rid)[1:])] for rid in workload.request_id], dtype=np.float64)
 
-    def predict(self, rows):
+    def predict(self, rows, known=None):
         return self._rows[rows]
 
 
@@ -76,7 +76,7 @@ class ConstantPredictor(Predictor):
         self.value = float(value)
         self.output = output
 
-    def predict(self, rows):
+    def predict(self, rows, known=None):
         return np.full(len(rows), self.value)
 
 
