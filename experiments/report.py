@@ -151,8 +151,7 @@ class Report:
                train="lmsys") -> RunConfig:
         return RunConfig(trace=trace, predictor=predictor, policy=policy, load=load, arrivals=arrivals,
                          requests=self._n(trace), seed=self.seed, charge_cost=cost,
-                         predictor_options=PredictorOptions(train_trace=train, seed=self.seed,
-                                                            charge_cost=cost, refresh=refresh))
+                         predictor_options=PredictorOptions(train_trace=train, seed=self.seed, refresh=refresh))
 
     def _n(self, trace):
         if self.requests is None:

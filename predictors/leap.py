@@ -259,8 +259,8 @@ def _tap_fraction(metadata: dict, column: str) -> float:
 class Leap(Predictor):
     """Frozen LEAP read-out (ridge on sqrt length), scored on the CPU once prefill taps the layer.
 
-    ``PredictorOptions.extra`` keys: ``leap_alpha`` (skip cross-validation, lambda = alpha * n_train),
-    ``leap_cache`` (False: neither read nor write the fit cache).
+    Settings (``--setting leap.alpha=...``): ``alpha`` (skip cross-validation, lambda = alpha *
+    n_train), ``cache`` (false: neither read nor write the fit cache).
     """
 
     name = "leap"
@@ -268,6 +268,7 @@ class Leap(Predictor):
     requires = (DEFAULT_COLUMN,)
     column = DEFAULT_COLUMN
     target = DEFAULT_TARGET
+    settings_defaults = {"alpha": None, "cache": True}
 
     def __init__(self, train_trace: str | os.PathLike | Trace = "lmsys", *, alpha: float | None = None,
                  use_cache: bool = True, refresh: bool | None = None):
@@ -283,10 +284,8 @@ class Leap(Predictor):
 
     @classmethod
     def _kwargs(cls, options: PredictorOptions) -> dict:
-        extra = options.extra or {}
-        alpha = extra.get("leap_alpha")
-        return {"alpha": None if alpha is None else float(alpha),
-                "use_cache": bool(extra.get("leap_cache", True)), "refresh": options.refresh}
+        settings = cls.settings(options)
+        return {"alpha": settings["alpha"], "use_cache": settings["cache"], "refresh": options.refresh}
 
     @classmethod
     def from_options(cls, options: PredictorOptions) -> "Leap":

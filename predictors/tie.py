@@ -176,6 +176,7 @@ class Tie(HeadPredictor):
     name = method = METHOD
     version = VERSION
     defaults = DEFAULTS
+    own_settings = {"queue_batch": BATCH_B}   # B of TIE's queue term (the engine's decode slots)
     trainer = staticmethod(train)
     output = "length"
     stage = "arrival"
@@ -192,7 +193,7 @@ class Tie(HeadPredictor):
 
     @classmethod
     def from_options(cls, options: PredictorOptions) -> "Tie":
-        return cls(cls.artifact_for(options), batch=int(options.extra.get("tie_batch", BATCH_B)))
+        return cls(cls.artifact_for(options), batch=cls.settings(options)["queue_batch"])
 
     def distribution(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(mu, sigma) of the log-t length distribution for feature rows X."""

@@ -107,6 +107,38 @@ class RunConfig:
         return d
 
 
+def config_from_record(record: dict) -> RunConfig:
+    """The :class:`RunConfig` a run's ``config.json`` was written from (``simulate --config``): the
+    same fields give the same bytes. Refuses a record that is not a run configuration, and a trace
+    whose content changed since (its hash is recorded)."""
+    if not isinstance(record, dict) or "trace" not in record or "predictor" not in record:
+        raise ValueError("not a run's config.json (no trace and predictor)")
+    try:
+        options = dict(record.get("predictor_options") or {})
+        known = {f.name for f in fields(PredictorOptions)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"unknown predictor option(s) {', '.join(unknown)}")
+        engine = dict(record.get("engine_config") or {})
+        config = RunConfig(
+            trace=record["trace"], predictor=record["predictor"], policy=record["policy"], engine=record["engine"],
+            load=record["load"], arrivals=ArrivalSpec.parse(record["arrivals"]), requests=record.get("requests"),
+            seed=int(record["seed"]), engine_config=EngineConfig(**engine), predictor_options=PredictorOptions(**options),
+            charge_cost=bool(record.get("charge_cost", True)), preset=record.get("preset"),
+            engine_overrides=tuple(sorted((record.get("engine_overrides") or {}).items())))
+    except KeyError as exc:
+        raise ValueError(f"config.json has no {exc.args[0]!r}") from None
+    except TypeError as exc:
+        raise ValueError(f"config.json: {exc}") from None
+    recorded = record.get("trace_hash")
+    if recorded is not None:
+        now = load_trace(config.trace).content_hash
+        if now != recorded:
+            raise ValueError(f"trace {config.trace!r} changed since the run (content hash {now[:12]}, "
+                             f"recorded {recorded[:12]}): it cannot be rerun exactly")
+    return config
+
+
 def check_kv_budget(workload: Trace, config: EngineConfig) -> None:
     """A KV budget below some prompt + its first token could only be kept by never admitting it."""
     if config.kv_token_budget is None or not len(workload):

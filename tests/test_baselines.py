@@ -164,12 +164,12 @@ def test_trains_on_lmsys_slice_and_beats_constant(name):
 # ----------------------------------------------------------------------------- weights
 @needs_torch
 def test_training_is_cached_and_deterministic(synth_path):
-    options = PredictorOptions(train_trace=str(synth_path), extra=dict(FAST))
+    options = PredictorOptions(train_trace=str(synth_path), settings={"ssjf": dict(FAST)})
     first = make_predictor("ssjf", options)
     assert first.artifact.source == "trained"
     again = make_predictor("ssjf", options)
     assert again.artifact.source == "cache"
-    retrained = make_predictor("ssjf", PredictorOptions(train_trace=str(synth_path), extra={**FAST, "retrain": True}))
+    retrained = make_predictor("ssjf", PredictorOptions(train_trace=str(synth_path), settings={"ssjf": {**FAST, "retrain": True}}))
     for key, value in first.artifact.arrays.items():
         np.testing.assert_array_equal(value, retrained.artifact.arrays[key])
 
