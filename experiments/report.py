@@ -39,14 +39,13 @@ from core.io import DATA_DIR_ENV, DataDirMissing, atomic_write_bytes, data_dir
 from core.trace import TraceError, bundled_trace_names, load_trace
 from experiments.sweep import (Stopped, SweepInterrupted, add_relative_changes, run_many, run_slug,
                                sigterm_raises_stopped, write_results)
-from predictors import PREDICTORS
+from predictors import LEARNED, PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.runner import NO_PREDICTOR, RunConfig, prepare
 from simulator.workload import ArrivalSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 AZURE_CONV = Path("arrivals") / "AzureLLMInferenceTrace_conv.csv"     # under the shared data folder
-BASELINES = ("tie", "ssjf", "ltr", "trail", "egtp")
 PAPER_TABLE3 = ("Paper (real engine, ShareGPT 2.65 req/s, cost included): LEAP's mean PTL is 15.9% below "
                 "LTR and 40.8% below TRAIL; throughput +1.9% over LTR; TTFT about equal to FCFS.")
 PAPER_TABLE4 = ("Paper (simulation, 1.5x FCFS capacity, no cost, exponential aging): Aya mean response "
@@ -213,7 +212,7 @@ class Report:
 
     def table3(self, load: float) -> Section:
         trace = self.serving_trace()
-        preds = [p for p in ["leap", "leap-rls", *BASELINES, "oracle"] if p in PREDICTORS and self.runnable(trace, p)]
+        preds = [p for p in [*LEARNED, "oracle"] if self.runnable(trace, p)]
         configs = [self.config(trace, NO_PREDICTOR, "fcfs", load)] + [
             self.config(trace, p, "countdown", load) for p in preds]
 
@@ -242,8 +241,7 @@ class Report:
                 "of `alpaca`, `math`, `multilingual` in traces/.\n"))
         experiments = []
         for trace in domains:
-            preds = [p for p in ["tie", "leap", "leap-rls", "ssjf", "ltr", "trail", "egtp"]
-                     if p in PREDICTORS and self.runnable(trace, p)]
+            preds = [p for p in LEARNED if self.runnable(trace, p)]
             configs = [self.config(trace, NO_PREDICTOR, "fcfs", load, cost=False)] + [
                 self.config(trace, p, "aging", load, cost=False) for p in preds]
             experiments.append(Experiment(f"table4-{trace}", configs, metrics=("mean_ptl_s", "mean_e2e_s")))
@@ -272,8 +270,7 @@ class Report:
         if "lmsys" not in self.traces or not names:
             return Section("", render=lambda rows: (
                 "## Prediction quality by domain\n\nSkipped: needs `lmsys` and a served trace.\n"))
-        preds = [p for p in ["leap", "leap-rls", *BASELINES] if p in PREDICTORS
-                 and all(self.runnable(t, p) for t in names)]
+        preds = [p for p in LEARNED if all(self.runnable(t, p) for t in names)]
 
         def render(results):
             from predictors.evaluate import evaluate
@@ -324,7 +321,7 @@ class Report:
 
     def load_sweep(self, loads) -> Section:
         trace = self.serving_trace()
-        preds = [p for p in ["leap", "leap-rls", *BASELINES, "oracle"] if p in PREDICTORS and self.runnable(trace, p)]
+        preds = [p for p in [*LEARNED, "oracle"] if self.runnable(trace, p)]
         configs = [self.config(trace, p, "fcfs" if p == NO_PREDICTOR else "countdown", load)
                    for load in loads for p in [NO_PREDICTOR, *preds]]
 
