@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.trace import Trace
 from core.hardware import DEFAULT_HARDWARE, Hardware
+from core.trace import Trace
 from predictors.base import PredictorCost
 from predictors.gpu_cost import egtp_cost
 from predictors.heads import (Artifact, HeadPredictor, act, dropout, layernorm, linear, new_artifact,

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.trace import Trace
 from core.hardware import DEFAULT_HARDWARE, Hardware
+from core.trace import Trace
 from predictors.base import PredictorCost
 from predictors.gpu_cost import OPT_125M, encoder_cost
 from predictors.heads import Artifact, HeadPredictor, act, linear, new_artifact

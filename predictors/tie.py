@@ -52,8 +52,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from core.trace import Trace
 from core.hardware import DEFAULT_HARDWARE, Hardware
+from core.trace import Trace
 from predictors.base import Known, PredictorCost, PredictorOptions
 from predictors.gpu_cost import DEBERTA_V3_BASE, encoder_cost
 from predictors.heads import Artifact, HeadPredictor, act, dropout, layernorm, linear, new_artifact

@@ -55,8 +55,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.trace import Trace, TraceError
 from core.hardware import DEFAULT_HARDWARE, Hardware
+from core.trace import Trace, TraceError
 from predictors.base import PredictorCost, PredictorOptions
 from predictors.gpu_cost import DISTILBERT_BASE, encoder_cost, trail_refresh_s
 from predictors.heads import Artifact, HeadPredictor, act, linear, new_artifact, softmax

@@ -15,11 +15,11 @@ from policies import make_policy
 from predictors import make_predictor
 from predictors.base import PredictorOptions
 from predictors.gpu_cost import describe_cost
+from simulator.capacity import measure_capacity
 from simulator.engine import EngineConfig, RunResult, Simulation
 from simulator.metrics import summarize
 from simulator.preset import recorded_engine_config, recorded_window
 from simulator.profiles import DEFAULT_PROFILE, make_profile
-from simulator.capacity import measure_capacity
 from simulator.workload import ArrivalSpec, make_arrivals
 
 NO_PREDICTOR = "none"

@@ -11,6 +11,7 @@ from core.arrivals import read_timestamps_csv, rescale_to_rate
 from core.io import shareable_path
 from core.trace import Trace
 
+
 @dataclass(frozen=True)
 class ArrivalSpec:
     """Where arrival times come from.

@@ -23,9 +23,9 @@ from policies import make_policy
 from policies.base import SchedulerView
 from predictors import make_predictor
 from predictors.base import Known, PredictorOptions
+from simulator.capacity import measure_capacity
 from simulator.engine import EngineConfig, Simulation
 from simulator.profiles import make_profile
-from simulator.capacity import measure_capacity
 from simulator.workload import ArrivalSpec, make_arrivals
 
 BASELINES = ("tie", "ssjf", "ltr", "trail", "egtp")

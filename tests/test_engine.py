@@ -14,12 +14,12 @@ from core.trace import load_trace, trace_from_arrays
 from policies import make_policy
 from predictors import make_predictor
 from predictors.base import Predictor, PredictorCost, PredictorOptions
+from simulator.capacity import measure_capacity
 from simulator.engine import EngineConfig, Simulation
 from simulator.profiles import make_profile
 from simulator.profiles.fitted import FittedProfile
 from simulator.profiles.roofline import RooflineProfile
 from simulator.profiles.unit import UnitProfile
-from simulator.capacity import measure_capacity
 from simulator.workload import ArrivalSpec, make_arrivals
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
