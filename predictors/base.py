@@ -139,6 +139,7 @@ class Predictor(ABC):
     stage: ClassVar[Literal["arrival", "prefill"]] = "prefill"
     requires: ClassVar[tuple[str, ...]] = ()   # trace columns the predictor reads
     sees_true_lengths: ClassVar[bool] = False  # oracles only: bound to the trace with its true lengths
+    queue_aware: ClassVar[bool] = False        # its estimates depend on ``Known`` (arrived, finished)
     refresh_every: int | None = None
 
     settings_defaults: ClassVar[dict] = {}     # this predictor's own settings and their defaults (typed)

@@ -176,6 +176,7 @@ class Tie(HeadPredictor):
     name = method = METHOD
     version = VERSION
     defaults = DEFAULTS
+    queue_aware = True
     own_settings = {"queue_batch": BATCH_B}   # B of TIE's queue term (the engine's decode slots)
     trainer = staticmethod(train)
     output = "length"

@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 from core.metrics import kendall_tau_b, spearman  # noqa: E402
 from core.trace import TraceError, load_trace  # noqa: E402
 from predictors import BASELINES, PREDICTORS  # noqa: E402
+from predictors.base import Known  # noqa: E402
 from predictors.heads import WEIGHTS_DIR, merged_settings, resolve_artifact  # noqa: E402
 
 
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.perf_counter() - started
         pred = PREDICTORS[name](art)
         pred.bind(trace, np.random.default_rng(0))
-        est = pred.predict(np.arange(len(trace)))
+        est = pred.predict(np.arange(len(trace)), Known(arrived=len(trace), finished=0))   # all queued at once
         rho, tau = spearman(est, trace.output_tokens), kendall_tau_b(est, trace.output_tokens)
         print(f"{name:6s} weights={art.source:8s} train_s={art.meta.get('train_seconds')} wall_s={wall:.1f} "
               f"in-sample spearman={rho:.3f} tau={tau:.3f} key={art.meta['key']}")

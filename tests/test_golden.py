@@ -8,7 +8,7 @@ import pytest
 
 from policies import POLICIES
 from policies.fcfs import FCFS
-from simulator import golden
+from experiments import golden
 
 
 @pytest.fixture(autouse=True)
