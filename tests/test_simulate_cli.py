@@ -397,3 +397,27 @@ def test_predictor_settings_are_typed_and_refused_when_unknown(capsys):
     from predictors.base import PredictorOptions
     assert PREDICTORS["tie"].settings(PredictorOptions(settings={"tie": {"queue_batch": "32"}}))["queue_batch"] == 32
     assert PREDICTORS["leap"].settings(PredictorOptions(settings={"leap": {"cache": "false"}}))["cache"] is False
+
+
+def test_each_run_is_prepared_and_bound_once(tmp_path, monkeypatch, capsys):
+    """A 2-run sweep run in this process prepares and binds each run once (it was 4 and 6)."""
+    import experiments.cli as cli
+    from predictors.base import Predictor
+    from simulator import runner
+    counts = {"prepare": 0, "bind": 0}
+    prepare, bind = runner.prepare, Predictor.bind
+
+    def counted_prepare(*a, **k):
+        counts["prepare"] += 1
+        return prepare(*a, **k)
+
+    def counted_bind(self, *a, **k):
+        counts["bind"] += 1
+        return bind(self, *a, **k)
+
+    monkeypatch.setattr(cli, "prepare", counted_prepare)
+    monkeypatch.setattr("experiments.sweep.prepare", counted_prepare)
+    monkeypatch.setattr(Predictor, "bind", counted_bind)
+    assert main(["--trace", "sharegpt-lengths", "--requests", "60", "--predictor", "oracle", "--policy",
+                 "countdown,aging", "--jobs", "1", "--quiet", "--json", "--out", str(tmp_path / "s")]) == 0
+    assert counts == {"prepare": 2, "bind": 2}
