@@ -76,3 +76,16 @@ H200 = GPU("H200", 4.8e12, 989e12)
 HBM_EFFICIENCY = 0.70
 FLOP_EFFICIENCY = 0.64
 EAGER_S_PER_LAYER = 0.1e-3
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The serving system a run's engine profile models: what predictor costs are charged on."""
+
+    model: ModelShape
+    gpu: GPU
+
+
+#: The default engine's system (``qwen3-8b-h100``); profiles without hardware of their own
+#: (``unit``, ``fitted``) charge predictor costs on it.
+DEFAULT_HARDWARE = Hardware(QWEN3_8B, H100)

@@ -52,6 +52,10 @@ DECODE_COLUMNS = ("request_id", "generated_tokens", "layer", "vector")
 MAX_REQUEST_TOKENS = 1 << 20
 
 
+#: Columns that reveal a request's true output length (hidden from non-oracle predictors).
+LENGTH_COLUMNS = ("output_tokens", "finish_reason", "reference_output_tokens")
+
+
 class TraceError(ValueError):
     """A trace that breaks the contract; the message names file, column and first bad row."""
 
@@ -176,6 +180,9 @@ class Trace:
 
     @cached_property
     def output_tokens(self) -> np.ndarray:
+        if "output_tokens" not in self.table.column_names:
+            raise TraceError(f"trace {self.name}: the true output lengths are hidden here (a predictor sees "
+                             "them only as feedback on finished requests; oracles opt in with sees_true_lengths)")
         return self.table.column("output_tokens").to_numpy().astype(np.int64)
 
     @cached_property
@@ -218,6 +225,13 @@ class Trace:
         digest = hashlib.sha256(self.content_hash.encode() + rows.tobytes()).hexdigest()
         return Trace(name=self.name, path=self.path, table=sub, metadata=self.metadata,
                      content_hash=digest, steps=self.steps, decode_path=self.decode_path)
+
+    def without_lengths(self) -> Trace:
+        """The same requests with what reveals their true output length removed (``output_tokens``,
+        ``finish_reason``, ``reference_output_tokens``): what a non-oracle predictor is bound to."""
+        hidden = [c for c in LENGTH_COLUMNS if c in self.table.column_names]
+        return Trace(name=self.name, path=self.path, table=self.table.drop_columns(hidden), metadata=self.metadata,
+                     content_hash=self.content_hash, steps=self.steps, decode_path=self.decode_path)
 
     def decode_vectors(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(row, generated_tokens, vectors) of one tapped layer from the decode side table, for this

@@ -25,7 +25,7 @@ from predictors import PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.engine import EngineConfig
 from simulator.profiles import DEFAULT_PROFILE, PROFILES, is_profile_name
-from simulator.runner import MAX_SEED, NO_PREDICTOR, PRESETS, RunConfig, prepare
+from simulator.runner import MAX_SEED, NO_PREDICTOR, PRESETS, RunConfig, config_from_record, prepare
 from simulator.workload import ArrivalSpec
 
 PROG = "simulate"
@@ -118,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "with decode features)")
     p.add_argument("--predictor-cost", choices=("charged", "none"), default="charged",
                    help="charge predictor GPU/CPU time to the engine, or not (paper's Table 4)")
+    p.add_argument("--setting", action="append", default=[], metavar="PREDICTOR.KEY=VALUE",
+                   help="a predictor's own setting, e.g. leap.alpha=0.001, tie.queue_batch=32, ssjf.retrain=true "
+                        "(repeatable; unknown settings are refused, naming the known ones)")
+    p.add_argument("--config", type=Path, help="rerun exactly the run a config.json describes (written by --out); "
+                   "only output flags (--out, --json, --wide, --quiet, --plots) may be given with it")
     p.add_argument("--out", type=Path, help="write requests.parquet, summary.json, config.json here")
     p.add_argument("--plots", action="store_true", help="write PNG figures next to the results table (needs --out)")
     p.add_argument("--json", action="store_true", help="print each run's summary as one JSON line")
@@ -126,7 +131,53 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Flags that --config leaves free (where results go and how they are shown).
+OUTPUT_FLAGS = ("config", "out", "plots", "json", "quiet", "wide", "jobs", "executor")
+
+
+def _settings(items: list[str], predictors: list[str]) -> dict:
+    """``--setting NAME.KEY=VALUE`` entries as {predictor: {key: value}} (values typed by the predictor)."""
+    settings: dict = {}
+    for item in items:
+        name_key, sep, value = item.partition("=")
+        name, dot, key = name_key.strip().partition(".")
+        if not sep or not dot or not name or not key:
+            raise UsageError(f"--setting {item!r}: expected PREDICTOR.KEY=VALUE, e.g. leap.alpha=0.001")
+        if name not in PREDICTORS:
+            raise UsageError(f"--setting {item!r}: unknown predictor {name!r} (choose from {', '.join(PREDICTORS)})")
+        if name not in predictors:
+            raise UsageError(f"--setting {item!r}: predictor {name!r} is not among those run ({', '.join(predictors)})")
+        settings.setdefault(name, {})[key] = value.strip()
+    for name, given in settings.items():   # unknown keys and bad values, before anything runs
+        try:
+            PREDICTORS[name].settings(PredictorOptions(settings={name: given}))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return settings
+
+
+def _config_file_run(args) -> list[RunConfig]:
+    """``--config FILE``: the one run a config.json describes, nothing else changed."""
+    defaults = build_parser().parse_args([])
+    changed = [f"--{k.replace('_', '-')}" for k, v in vars(args).items()
+               if k not in OUTPUT_FLAGS and v != getattr(defaults, k)]
+    if changed:
+        raise UsageError(f"--config reruns a stored run as it was: drop {', '.join(changed)}")
+    try:
+        record = json.loads(args.config.read_text())
+    except OSError as exc:
+        raise UsageError(f"--config {args.config}: cannot read it ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise UsageError(f"--config {args.config}: not JSON ({exc})") from None
+    try:
+        return [config_from_record(record)]
+    except (ValueError, TraceError) as exc:
+        raise UsageError(f"--config {args.config}: {exc}") from None
+
+
 def _configs(args) -> list[RunConfig]:
+    if args.config is not None:
+        return _config_file_run(args)
     if args.seed + args.seeds - 1 > MAX_SEED:   # results tables store seeds as int64
         raise UsageError(f"--seed {args.seed} --seeds {args.seeds}: seeds must stay below 2**63 "
                          f"(the last would be {args.seed + args.seeds - 1})")
@@ -173,8 +224,8 @@ def _configs(args) -> list[RunConfig]:
         else:
             engine_config, overrides = EngineConfig(**explicit), ()
         options = PredictorOptions(train_trace=args.train_trace, noise_mae=args.noise_mae, seed=args.seed,
-                                   charge_cost=args.predictor_cost == "charged",
-                                   refresh={"default": None, "on": True, "off": False}[args.refresh])
+                                   refresh={"default": None, "on": True, "off": False}[args.refresh],
+                                   settings=_settings(args.setting, predictors))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     configs, planned = [], set()
@@ -362,17 +413,21 @@ def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int
     if args.plots:
         from experiments.plots import _pyplot
         _pyplot()   # fail now, not after the runs, if matplotlib is missing
-    single = None   # a lone local run is executed from its check, not built twice
+    jobs = args.jobs or os.cpu_count() or 1
+    # runs executed here, one after another, are run from their check (prepared and bound once);
+    # runs for worker processes are prepared again there (a bound run does not travel cheaply)
+    in_process = args.executor == "local" and (jobs == 1 or len(configs) == 1)
+    checked = []
     decode_slots = None
     for config in configs:   # every input checked (and capacity cached) before anything runs or is written
         prepared = prepare(config)
         decode_slots = prepared.simulation.config.decode_slots
-        if len(configs) == 1 and args.executor == "local":
-            single = prepared
+        if in_process:
+            checked.append(prepared)
+    single = checked or None
     if args.out is not None:
         _check_out(args.out, [args.out] if len(configs) == 1 else [args.out / run_slug(c) for c in configs],
                    created if created is not None else [])
-    jobs = args.jobs or os.cpu_count() or 1
     show_progress = not args.quiet and not args.json and sys.stderr.isatty()
     if show_progress:
         from rich.progress import Progress

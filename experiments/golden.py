@@ -79,7 +79,7 @@ def compute(run) -> dict:
     cost = extra.get("charge_cost", True)
     config = RunConfig(trace=trace, predictor=predictor, policy=policy, load=load, requests=requests, seed=0,
                        engine_config=engine, charge_cost=cost,
-                       predictor_options=replace(options, seed=0, charge_cost=cost))
+                       predictor_options=replace(options, seed=0))
     summary, _ = execute(prepare(config))
     return {k: summary.get(k) for k in FIELDS}
 

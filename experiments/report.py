@@ -49,14 +49,13 @@ from experiments.sweep import (
     write_results,
 )
 from experiments.validate import check_serving_runs, live_report_section
-from predictors import PREDICTORS
+from predictors import LEARNED, PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.runner import NO_PREDICTOR, RunConfig, prepare
 from simulator.workload import ArrivalSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 AZURE_CONV = Path("arrivals") / "AzureLLMInferenceTrace_conv.csv"     # under the shared data folder
-BASELINES = ("tie", "ssjf", "ltr", "trail", "egtp")
 PAPER_TABLE3 = ("Paper (real engine, ShareGPT 2.65 req/s, cost included): LEAP's mean PTL is 15.9% below "
                 "LTR and 40.8% below TRAIL; throughput +1.9% over LTR; TTFT about equal to FCFS.")
 PAPER_TABLE4 = ("Paper (simulation, 1.5x FCFS capacity, no cost, exponential aging): Aya mean response "
@@ -161,8 +160,7 @@ class Report:
                train="lmsys") -> RunConfig:
         return RunConfig(trace=trace, predictor=predictor, policy=policy, load=load, arrivals=arrivals,
                          requests=self._n(trace), seed=self.seed, charge_cost=cost,
-                         predictor_options=PredictorOptions(train_trace=train, seed=self.seed,
-                                                            charge_cost=cost, refresh=refresh))
+                         predictor_options=PredictorOptions(train_trace=train, seed=self.seed, refresh=refresh))
 
     def _n(self, trace):
         if self.requests is None:
@@ -226,7 +224,7 @@ class Report:
 
     def table3(self, load: float) -> Section:
         trace = self.serving_trace()
-        preds = [p for p in ["leap", "leap-rls", *BASELINES, "oracle"] if p in PREDICTORS and self.runnable(trace, p)]
+        preds = [p for p in [*LEARNED, "oracle"] if self.runnable(trace, p)]
         configs = [self.config(trace, NO_PREDICTOR, "fcfs", load)] + [
             self.config(trace, p, "countdown", load) for p in preds]
 
@@ -255,8 +253,7 @@ class Report:
                 "of `alpaca`, `math`, `multilingual` in traces/.\n"))
         experiments = []
         for trace in domains:
-            preds = [p for p in ["tie", "leap", "leap-rls", "ssjf", "ltr", "trail", "egtp"]
-                     if p in PREDICTORS and self.runnable(trace, p)]
+            preds = [p for p in LEARNED if self.runnable(trace, p)]
             configs = [self.config(trace, NO_PREDICTOR, "fcfs", load, cost=False)] + [
                 self.config(trace, p, "aging", load, cost=False) for p in preds]
             experiments.append(Experiment(f"table4-{trace}", configs, metrics=("mean_ptl_s", "mean_e2e_s")))
@@ -285,8 +282,7 @@ class Report:
         if "lmsys" not in self.traces or not names:
             return Section("", render=lambda rows: (
                 "## Prediction quality by domain\n\nSkipped: needs `lmsys` and a served trace.\n"))
-        preds = [p for p in ["leap", "leap-rls", *BASELINES] if p in PREDICTORS
-                 and all(self.runnable(t, p) for t in names)]
+        preds = [p for p in LEARNED if all(self.runnable(t, p) for t in names)]
 
         def render(results):
             from predictors.evaluate import evaluate
@@ -337,7 +333,7 @@ class Report:
 
     def load_sweep(self, loads) -> Section:
         trace = self.serving_trace()
-        preds = [p for p in ["leap", "leap-rls", *BASELINES, "oracle"] if p in PREDICTORS and self.runnable(trace, p)]
+        preds = [p for p in [*LEARNED, "oracle"] if self.runnable(trace, p)]
         configs = [self.config(trace, p, "fcfs" if p == NO_PREDICTOR else "countdown", load)
                    for load in loads for p in [NO_PREDICTOR, *preds]]
 

@@ -73,9 +73,6 @@ def run_slug(config: RunConfig) -> str:
 def planned_record(prepared: Prepared) -> dict:
     """What a run's ``config.json`` will hold, known before it runs (JSON-normalised for comparison)."""
     record = dict(prepared.resolved)
-    predictor = prepared.simulation.predictor
-    if predictor is not None:
-        record["predictor_settings"] = predictor.describe()
     return json.loads(json.dumps(record, sort_keys=True, allow_nan=False))
 
 
@@ -292,20 +289,25 @@ class ResultsStream:
 
 
 def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1, executor: str = "local",
-             on_done: Callable[[], None] = lambda: None, prepared: Prepared | None = None,
+             on_done: Callable[[], None] = lambda: None, prepared: list[Prepared] | Prepared | None = None,
              resume: bool = True, notify: Callable[[str], None] = _stderr,
              stats: dict | None = None) -> list[dict]:
     """Run every configuration; with ``out``, each run writes to ``out/<slug>/`` (or ``out`` if one).
 
-    ``prepared`` (a single configuration only) is the caller's already prepared run, used as is
-    so that a checked run is not built twice. With ``resume``, a run whose folder already holds a
+    ``prepared`` (one per configuration, in order) are the caller's already prepared runs, used
+    as they are (and released once run) so that a checked run is not built and bound twice; they
+    run in this process, one after another. Without them, runs are prepared where they run (in
+    the worker processes with ``jobs`` > 1). With ``resume``, a run whose folder already holds a
     complete run of the same resolved configuration is not run again: its stored summary is used
     (``notify`` gets one line saying how many). SIGINT/SIGTERM raise :class:`SweepInterrupted`
     after stopping the workers; finished runs stay on disk. With ``out`` and several configurations
     the results table streams (:class:`ResultsStream`). ``stats`` (Ray) receives
     ``traces_shipped`` and ``trace_fetches`` (worker processes that fetched a trace)."""
-    if prepared is not None and (len(configs) != 1 or prepared.config != configs[0]):
-        raise ValueError("run_many: prepared must belong to the single configuration given")
+    if isinstance(prepared, Prepared):
+        prepared = [prepared]
+    if prepared is not None and (len(prepared) != len(configs)
+                                 or any(p.config != c for p, c in zip(prepared, configs))):
+        raise ValueError("run_many: prepared runs must match the configurations given, one each")
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r} (choose from {', '.join(EXECUTORS)})")
     if out is None:
@@ -327,7 +329,7 @@ def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1
         with sigterm_raises_stopped():
             if resume and out is not None:
                 for i, (config, target) in enumerate(zip(configs, outs)):
-                    results[i] = completed_summary(config, target, prepared)
+                    results[i] = completed_summary(config, target, prepared[i] if prepared else None)
                 skipped = sum(r is not None for r in results)
                 if skipped:
                     notify(f"skipped {skipped} of {len(configs)} runs already complete in {out} (same config)")
@@ -337,9 +339,11 @@ def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1
             todo = [i for i, r in enumerate(results) if r is None]
             if executor == "ray":
                 _ray_run(configs, outs, todo, results, finished, stats)
-            elif prepared is not None and todo:
-                results[0] = run_one(configs[0], outs[0], prepared)
-                finished(0)
+            elif prepared is not None:
+                for i in todo:
+                    run, prepared[i] = prepared[i], None   # released once run: its predictor's state is spent
+                    results[i] = run_one(configs[i], outs[i], run)
+                    finished(i)
             else:
                 _local_run(configs, outs, todo, results, jobs, finished)
             if stream is not None:

@@ -180,8 +180,8 @@ class LeapScheduler(Scheduler):
             now=time.time() - self._leap_wall0,
             arrival_s=np.fromiter((s.arrival_s for s in states), dtype=np.float64, count=n),
             predicted=np.fromiter((s.predicted for s in states), dtype=np.float64, count=n),
-            generated=np.zeros(n, dtype=np.int64), output_kind="length", waiting=n,
-            decode_slots=self.leap_config.decode_slots, step=step, last_served=np.full(n, -1, dtype=np.int64),
+            generated=np.zeros(n, dtype=np.int64), output_kind="length",
+            step=step, last_served=np.full(n, -1, dtype=np.int64),
             first_predicted=np.fromiter((s.first_predicted for s in states), dtype=np.float64, count=n))
         keys = self.leap_policy.admission_keys(view, np.arange(n))
         if keys is None:
@@ -216,7 +216,7 @@ class LeapScheduler(Scheduler):
                 arrival_s=np.fromiter((s.arrival_s for s in states), dtype=np.float64, count=n),
                 predicted=np.fromiter((s.predicted for s in states), dtype=np.float64, count=n),
                 generated=np.fromiter((r.num_output_tokens for r in cand), dtype=np.int64, count=n),
-                output_kind="length", waiting=len(self.waiting), decode_slots=cfg.decode_slots, step=step,
+                output_kind="length", step=step,
                 last_served=last_served,
                 first_predicted=np.fromiter((s.first_predicted for s in states), dtype=np.float64, count=n))
             chosen_idx, n_forced = choose_decodes(self.leap_policy, view, np.arange(n), decode_slots=cfg.decode_slots,

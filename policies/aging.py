@@ -25,7 +25,6 @@ KEY_DECIMALS = 9   # log-key resolution: far below any real difference, far abov
 
 class Aging(Policy):
     name = "aging"
-    rescore_interval_s = RECOMPUTE_S
 
     def __init__(self, gamma: float = GAMMA, tau_s: float = TAU_S, recompute_s: float = RECOMPUTE_S):
         if not 0 < gamma < 1:

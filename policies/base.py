@@ -24,8 +24,6 @@ class SchedulerView:
     predicted: np.ndarray      # float64, current estimate of total length (or rank score)
     generated: np.ndarray      # int64, output tokens emitted so far
     output_kind: str           # "length" or "rank"
-    waiting: int               # requests arrived but not admitted
-    decode_slots: int
     step: int = 0              # index of the step being composed
     last_served: np.ndarray | None = None      # int64, step of each row's last decode (or prefill)
     first_predicted: np.ndarray | None = None  # float64, each row's first estimate (nan before)
@@ -36,7 +34,10 @@ class Policy(ABC):
 
     name: ClassVar[str]
     uses_predictions: ClassVar[bool] = True
-    rescore_interval_s: ClassVar[float | None] = None  # keys change with time alone (aging)
+
+    def reset(self, n: int) -> None:  # noqa: B027 -- optional hook: stateless policies keep the no-op
+        """A new run of ``n`` rows starts: drop any state kept from the previous one (stateful
+        policies, e.g. starvation counters). Stateless policies need nothing."""
 
     @abstractmethod
     def decode_keys(self, view: SchedulerView, rows: np.ndarray) -> np.ndarray | None:

@@ -37,28 +37,21 @@ class LTRStarvation(Policy):
 
     def __init__(self, idle_steps: int = IDLE_STEPS, runs: int = RUNS):
         self.idle_steps, self.runs = int(idle_steps), int(runs)
-        self._key: tuple[int, int] | None = None
-        self.promotions = 0
+        self.reset(0)
 
-    def _sync(self, view: SchedulerView) -> None:
-        key = (id(view.arrival_s), len(view.arrival_s))
-        if key != self._key:
-            n = len(view.arrival_s)
-            self._key = key
-            self.runs_left = np.zeros(n, dtype=np.int64)
-            self.served_seen = np.full(n, UNSEEN, dtype=np.int64)
-            self.first_waiting = np.full(n, UNSEEN, dtype=np.int64)
+    def reset(self, n: int) -> None:
+        self.runs_left = np.zeros(n, dtype=np.int64)
+        self.served_seen = np.full(n, UNSEEN, dtype=np.int64)
+        self.first_waiting = np.full(n, UNSEEN, dtype=np.int64)
 
     def _promote(self, rows: np.ndarray, served_seen: np.ndarray) -> None:
         self.runs_left[rows] = self.runs
         self.served_seen[rows] = served_seen
-        self.promotions += len(rows)
 
     def decode_keys(self, view: SchedulerView, rows):
         base = remaining(view, rows)
         if view.last_served is None or not len(rows):
             return base
-        self._sync(view)
         last = view.last_served[rows]
         # count the runs of promoted requests since the policy last looked
         prom = self.runs_left[rows] > 0
@@ -79,7 +72,6 @@ class LTRStarvation(Policy):
         base = view.predicted[rows]
         if not len(rows):
             return base
-        self._sync(view)
         first = self.first_waiting[rows]
         self.first_waiting[rows] = np.where(first == UNSEEN, view.step, first)
         idle = view.step - self.first_waiting[rows]

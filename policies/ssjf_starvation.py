@@ -32,7 +32,6 @@ class SSJFStarvation(Policy):
 
     def __init__(self, threshold_s: float = WAIT_THRESHOLD_S, coefficient: float = WAIT_COEFFICIENT):
         self.threshold_s, self.coefficient = float(threshold_s), float(coefficient)
-        self.overrides = 0          # decisions taken in waiting-time order (for inspection)
 
     def starving(self, view: SchedulerView, rows: np.ndarray) -> bool:
         if not len(rows):
@@ -45,13 +44,11 @@ class SSJFStarvation(Policy):
 
     def decode_keys(self, view: SchedulerView, rows):
         if self.starving(view, rows):
-            self.overrides += 1
             return view.arrival_s[rows]
         return remaining(view, rows)
 
     def admission_keys(self, view: SchedulerView, rows):
         if self.starving(view, rows):
-            self.overrides += 1
             return view.arrival_s[rows]
         return view.predicted[rows]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from predictors.base import PendingUpdate, Predictor, PredictorCost, PredictorOptions
 from predictors.egtp import EGTP
+from predictors.heads import HeadPredictor
 from predictors.leap import Leap, LeapRLS
 from predictors.ltr import LTR
 from predictors.noisy_oracle import NoisyOracle
@@ -25,6 +26,14 @@ PREDICTORS: dict[str, type[Predictor]] = {
 }
 
 
+#: Derived from the registry (lists elsewhere, e.g. the report and scripts/train_baselines.py, use these):
+#: the upper bounds that read the true lengths, the learned predictors, and of those the baselines
+#: (text-encoder / hidden-state heads with shipped weights, trained by scripts/train_baselines.py).
+ORACLES = tuple(n for n, c in PREDICTORS.items() if c.sees_true_lengths)
+LEARNED = tuple(n for n in PREDICTORS if n not in ORACLES)
+BASELINES = tuple(n for n, c in PREDICTORS.items() if issubclass(c, HeadPredictor))
+
+
 def make_predictor(name: str, options: PredictorOptions | None = None) -> Predictor:
     try:
         cls = PREDICTORS[name]
@@ -33,4 +42,4 @@ def make_predictor(name: str, options: PredictorOptions | None = None) -> Predic
     return cls.from_options(options or PredictorOptions())
 
 
-__all__ = ["PREDICTORS", "PendingUpdate", "Predictor", "PredictorCost", "PredictorOptions", "make_predictor"]
+__all__ = ["BASELINES", "LEARNED", "ORACLES", "PREDICTORS", "PendingUpdate", "Predictor", "PredictorCost", "PredictorOptions", "make_predictor"]

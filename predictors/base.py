@@ -24,6 +24,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
+from core.hardware import DEFAULT_HARDWARE, Hardware
 from core.trace import Trace
 
 
@@ -61,6 +62,15 @@ class PredictorCost:
 FREE = PredictorCost()
 
 
+@dataclass(frozen=True)
+class Known:
+    """What the serving system knows when it asks for estimates: requests arrived and finished so
+    far (queue-aware predictors, e.g. TIE's L_q). The engine passes it with every ``predict``."""
+
+    arrived: int
+    finished: int
+
+
 @dataclass
 class PendingUpdate:
     """Online-learning work handed to the CPU worker; ``publish`` makes its result visible."""
@@ -77,16 +87,49 @@ class PredictorOptions:
     train_trace: str | None = "lmsys"
     noise_mae: float = 0.0
     seed: int = 0
-    charge_cost: bool = True
     refresh: bool | None = None          # decode-time refresh where the method supports it
     update_every: int = 8                # online feedback batch (LEAP+RLS)
-    extra: dict = field(default_factory=dict)
+    # per-predictor settings, {predictor name: {setting: value}}; each predictor declares its own
+    # (``Predictor.settings_defaults``, typed by their defaults) and refuses unknown ones
+    settings: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not np.isfinite(self.noise_mae) or self.noise_mae < 0:
             raise ValueError(f"noise MAE must be a finite number >= 0, got {self.noise_mae}")
         if self.update_every < 1:
             raise ValueError(f"update batch must be >= 1, got {self.update_every}")
+        if not isinstance(self.settings, dict) or not all(isinstance(v, dict) for v in self.settings.values()):
+            raise ValueError("predictor settings must map a predictor name to {setting: value}")
+
+
+def coerce_setting(predictor: str, key: str, default, value):
+    """``value`` as the type of ``default`` (strings from the command line or JSON parsed); a
+    default of None takes a number or None."""
+    where = f"--setting {predictor}.{key}={value!r}"
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in ("true", "1", "yes", "on"):
+            return True
+        if str(value).lower() in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"{where}: expected true or false")
+    if value is None or (isinstance(value, str) and value.lower() == "none"):
+        if default is None:
+            return None
+        raise ValueError(f"{where}: expected a value of type {type(default).__name__}")
+    kind = float if default is None else type(default)
+    if kind in (int, float):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: expected a number") from None
+        if not np.isfinite(number) or (kind is int and number != int(number)):
+            raise ValueError(f"{where}: expected {'an integer' if kind is int else 'a finite number'}")
+        return kind(number)
+    if kind is str:
+        return str(value)
+    raise ValueError(f"{where}: setting {key!r} cannot be set from the command line")
 
 
 class Predictor(ABC):
@@ -96,14 +139,33 @@ class Predictor(ABC):
     output: ClassVar[Literal["length", "rank"]] = "length"
     stage: ClassVar[Literal["arrival", "prefill"]] = "prefill"
     requires: ClassVar[tuple[str, ...]] = ()   # trace columns the predictor reads
+    sees_true_lengths: ClassVar[bool] = False  # oracles only: bound to the trace with its true lengths
+    queue_aware: ClassVar[bool] = False        # its estimates depend on ``Known`` (arrived, finished)
     refresh_every: int | None = None
+
+    settings_defaults: ClassVar[dict] = {}     # this predictor's own settings and their defaults (typed)
+
+    @classmethod
+    def settings(cls, options: PredictorOptions) -> dict:
+        """This predictor's settings: its defaults overridden by ``options.settings[name]``, typed;
+        an unknown setting is refused, naming the known ones."""
+        given = options.settings.get(cls.name, {})
+        out = dict(cls.settings_defaults)
+        for key, value in given.items():
+            if key not in out:
+                known = ", ".join(cls.settings_defaults) or "none"
+                raise ValueError(f"predictor {cls.name!r} has no setting {key!r} (its settings: {known})")
+            out[key] = coerce_setting(cls.name, key, cls.settings_defaults[key], value)
+        return out
 
     @classmethod
     def from_options(cls, options: PredictorOptions) -> Predictor:
+        cls.settings(options)   # refuses settings this predictor does not have
         return cls()
 
     def bind(self, workload: Trace, rng: np.random.Generator) -> None:
-        """Attach the run's requests (row i = request i of the run). Called once per run."""
+        """Attach the run's requests (row i = request i of the run). Called once per run, by the
+        engine, with the true output lengths removed unless ``sees_true_lengths`` (oracles)."""
         missing = [c for c in self.requires if not workload.has_feature(c)]
         if missing:
             from core.trace import TraceError
@@ -112,8 +174,9 @@ class Predictor(ABC):
         self.workload = workload
 
     @abstractmethod
-    def predict(self, rows: np.ndarray) -> np.ndarray:
-        """Estimates for ``rows`` from the currently published state (float64 array)."""
+    def predict(self, rows: np.ndarray, known: Known | None = None) -> np.ndarray:
+        """Estimates for ``rows`` from the currently published state (float64 array). ``known``:
+        the system's arrived/finished counts at that instant (the engine always passes it)."""
 
     def after_prefill(self, rows: np.ndarray) -> np.ndarray | None:
         """Arrival-stage predictors that also read the serving model's prefill state (TRAIL) return
@@ -128,7 +191,8 @@ class Predictor(ABC):
         """True lengths of finished requests; return work for the CPU worker, or None."""
         return None
 
-    def cost(self) -> PredictorCost:
+    def cost(self, hardware: Hardware = DEFAULT_HARDWARE) -> PredictorCost:
+        """What this predictor costs on ``hardware`` (the run's engine: GPU and served model)."""
         return FREE
 
     @property

@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.hardware import DEFAULT_HARDWARE, Hardware
 from core.trace import Trace
 from predictors.base import PredictorCost
-from predictors.gpu_cost import describe_cost, egtp_cost
+from predictors.gpu_cost import egtp_cost
 from predictors.heads import Artifact, HeadPredictor, act, dropout, layernorm, linear, new_artifact, softmax
 
 METHOD = "egtp"
@@ -134,12 +135,11 @@ class EGTP(HeadPredictor):
         super().bind(workload, rng)
         self._estimate = self.expected_length(workload.feature(self.column))
 
-    def predict(self, rows):
+    def predict(self, rows, known=None):
         return self._estimate[np.asarray(rows, dtype=np.int64)]
 
-    def cost(self) -> PredictorCost:
-        return egtp_cost()
+    def cost(self, hardware: Hardware = DEFAULT_HARDWARE) -> PredictorCost:
+        return egtp_cost(hardware.model, hardware.gpu)
 
     def describe(self) -> dict:
-        return {"name": self.name, **self.artifact.describe(), "bin_edges": self.edges.tolist(),
-                "cost": describe_cost(self.cost())}
+        return {"name": self.name, **self.artifact.describe(), "bin_edges": self.edges.tolist()}

@@ -34,7 +34,7 @@ from core.cli import OneLineParser, run_command
 from core.metrics import bucket_counts, rank_metrics
 from core.trace import Trace, TraceError, bundled_trace_names, load_trace, traces_dir
 from predictors import PREDICTORS, make_predictor
-from predictors.base import Predictor, PredictorOptions
+from predictors.base import Known, Predictor, PredictorOptions
 
 DEFAULT_PREDICTORS = ("leap", "leap-rls")
 ABLATIONS = ("target", "layer")
@@ -59,19 +59,21 @@ def learns_online(predictor: Predictor) -> bool:
 def stream_predictions(predictor: Predictor, workload: Trace, seed: int = 0) -> tuple[np.ndarray, int]:
     """Bind ``predictor`` to ``workload`` and return (first prediction per row, updates published).
 
-    Online learners see rows in trace order: predict row i, then feed back its true length and
-    publish any resulting update immediately.
+    Online learners and queue-aware predictors see rows in trace order: predict row i (i arrived
+    before it, i finished), then feed back its true length and publish any resulting update
+    immediately. The predictor is bound without the true lengths unless it is an oracle.
     """
-    predictor.bind(workload, np.random.default_rng(seed))
+    shown = workload if predictor.sees_true_lengths else workload.without_lengths()
+    predictor.bind(shown, np.random.default_rng(seed))
     n = len(workload)
-    if not learns_online(predictor):
-        return np.asarray(predictor.predict(np.arange(n)), dtype=np.float64), 0
+    if not learns_online(predictor) and not predictor.queue_aware:
+        return np.asarray(predictor.predict(np.arange(n), Known(arrived=n, finished=0)), dtype=np.float64), 0
     truth = workload.output_tokens
     out = np.empty(n)
     published = 0
     for i in range(n):
         row = np.array([i])
-        out[i] = float(np.asarray(predictor.predict(row), dtype=np.float64)[0])
+        out[i] = float(np.asarray(predictor.predict(row, Known(arrived=i + 1, finished=i)), dtype=np.float64)[0])
         update = predictor.feedback(row, truth[i:i + 1])
         if update is not None:
             update.publish()

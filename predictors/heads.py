@@ -264,7 +264,7 @@ def new_artifact(method: str, version: int, trace: Trace, settings: dict, heads:
 
 
 def merged_settings(defaults: dict, extra: dict | None) -> dict:
-    """Defaults overridden by ``PredictorOptions.extra`` entries of the same name (unknown keys ignored)."""
+    """Training defaults overridden by entries of the same name (unknown keys ignored)."""
     settings = dict(defaults)
     for k, v in (extra or {}).items():
         if k in settings:
@@ -287,11 +287,20 @@ class HeadPredictor(Predictor):
         self.column = artifact.settings.get("column", self.requires[0])
         self.requires = (self.column,)
 
+    def __init_subclass__(cls, **kwargs):
+        """Settings: the method's training settings (its defaults) + ``retrain`` (ignore the caches)."""
+        super().__init_subclass__(**kwargs)
+        if "defaults" in cls.__dict__:
+            cls.settings_defaults = {**{k: v for k, v in cls.defaults.items()
+                                        if not isinstance(v, (list, tuple, dict))},
+                                     **cls.__dict__.get("own_settings", {}), "retrain": False}
+
     @classmethod
     def artifact_for(cls, options: PredictorOptions) -> Artifact:
-        return resolve_artifact(cls.method, cls.version, merged_settings(cls.defaults, options.extra),
-                                options.train_trace or "lmsys", cls.trainer,
-                                retrain=bool(options.extra.get("retrain")))
+        settings = cls.settings(options)
+        retrain = settings.pop("retrain")
+        return resolve_artifact(cls.method, cls.version, merged_settings(cls.defaults, settings),
+                                options.train_trace or "lmsys", cls.trainer, retrain=retrain)
 
     @classmethod
     def from_options(cls, options: PredictorOptions) -> HeadPredictor:

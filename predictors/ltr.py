@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.hardware import DEFAULT_HARDWARE, Hardware
 from core.trace import Trace
 from predictors.base import PredictorCost
-from predictors.gpu_cost import OPT_125M, describe_cost, encoder_cost
+from predictors.gpu_cost import OPT_125M, encoder_cost
 from predictors.heads import Artifact, HeadPredictor, act, linear, new_artifact
 
 METHOD = "ltr"
@@ -145,16 +146,15 @@ class LTR(HeadPredictor):
         super().bind(workload, rng)
         self._score = self.rank_score(workload.feature(self.column))
 
-    def predict(self, rows):
+    def predict(self, rows, known=None):
         return self._score[np.asarray(rows, dtype=np.int64)]
 
     @property
     def prior_length(self) -> float:
         return SCORE_CLIP   # only used before a request is scored: last
 
-    def cost(self) -> PredictorCost:
-        return encoder_cost(OPT_125M)
+    def cost(self, hardware: Hardware = DEFAULT_HARDWARE) -> PredictorCost:
+        return encoder_cost(OPT_125M, hardware.gpu)
 
     def describe(self) -> dict:
-        return {"name": self.name, **self.artifact.describe(), "encoder_charged": OPT_125M.name,
-                "cost": describe_cost(self.cost())}
+        return {"name": self.name, **self.artifact.describe(), "encoder_charged": OPT_125M.name}

@@ -16,6 +16,7 @@ from predictors.base import Predictor, PredictorOptions
 class NoisyOracle(Predictor):
     name = "noisy-oracle"
     stage = "arrival"
+    sees_true_lengths = True
 
     def __init__(self, noise_mae: float = 0.0):
         self.noise_mae = float(noise_mae)
@@ -30,7 +31,7 @@ class NoisyOracle(Predictor):
         truth = workload.output_tokens.astype(np.float64)
         self._estimate = np.maximum(truth + rng.normal(0.0, sigma, size=len(truth)) if sigma else truth, 1.0)
 
-    def predict(self, rows):
+    def predict(self, rows, known=None):
         return self._estimate[rows]
 
     @property

@@ -10,12 +10,13 @@ from predictors.base import Predictor
 class Oracle(Predictor):
     name = "oracle"
     stage = "arrival"
+    sees_true_lengths = True
 
     def bind(self, workload, rng):
         super().bind(workload, rng)
         self._truth = workload.output_tokens.astype(np.float64)
 
-    def predict(self, rows):
+    def predict(self, rows, known=None):
         return self._truth[rows]
 
     @property

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.hardware import DEFAULT_HARDWARE, Hardware
 from core.trace import Trace
 from predictors.base import PredictorCost
-from predictors.gpu_cost import BERT_BASE, describe_cost, encoder_cost
+from predictors.gpu_cost import BERT_BASE, encoder_cost
 from predictors.heads import Artifact, HeadPredictor, act, linear, new_artifact, softmax
 
 METHOD = "ssjf"
@@ -123,16 +124,15 @@ class SSJF(HeadPredictor):
         super().bind(workload, rng)
         self._class = self.classes_of(workload.feature(self.column))
 
-    def predict(self, rows):
+    def predict(self, rows, known=None):
         return self.class_length[self._class[np.asarray(rows, dtype=np.int64)]]
 
     def predicted_class(self, rows) -> np.ndarray:
         return self._class[np.asarray(rows, dtype=np.int64)]
 
-    def cost(self) -> PredictorCost:
-        return encoder_cost(BERT_BASE)
+    def cost(self, hardware: Hardware = DEFAULT_HARDWARE) -> PredictorCost:
+        return encoder_cost(BERT_BASE, hardware.gpu)
 
     def describe(self) -> dict:
         return {"name": self.name, **self.artifact.describe(), "class_edges": self.edges.tolist(),
-                "class_lengths": self.class_length.tolist(), "encoder_charged": BERT_BASE.name,
-                "cost": describe_cost(self.cost())}
+                "class_lengths": self.class_length.tolist(), "encoder_charged": BERT_BASE.name}

@@ -30,9 +30,8 @@ at 8,192 midpoints u_i = (i + 1/2)/N with the t(3.5) quantile Q from a numerical
 (-pi/2, pi/2)). Tests hold it to a 4M-sample Monte Carlo within 1%.
 
 beta = min(0.5, max(0.1, 0.1 * L_q / B)) with TIE's L_q = waiting queue and B = max_num_seqs. The
-scheduler's ``view.waiting`` is not visible to a predictor, so L_q is the predictor's own causal
-count: L_q = max(0, arrived - finished - B), with arrived = requests scored so far (rows arrive in
-order) and finished = requests fed back through :meth:`feedback`; B = 64 (the engine's decode
+scheduler's waiting queue is approximated from what the engine passes with every ``predict``
+(:class:`predictors.base.Known`): L_q = max(0, arrived - finished - B); B = 64 (the engine's decode
 slots, the analogue of vLLM's running batch). I.e. requests in the system beyond one decode batch.
 The score is fixed when the request is scored (as in TIE, where the predictor thread computes it
 once). Output kind is ``length`` (the score is in tokens), so ``countdown`` and ``aging`` (TIE's
@@ -53,9 +52,10 @@ from functools import lru_cache
 
 import numpy as np
 
+from core.hardware import DEFAULT_HARDWARE, Hardware
 from core.trace import Trace
-from predictors.base import PredictorCost, PredictorOptions
-from predictors.gpu_cost import DEBERTA_V3_BASE, describe_cost, encoder_cost
+from predictors.base import Known, PredictorCost, PredictorOptions
+from predictors.gpu_cost import DEBERTA_V3_BASE, encoder_cost
 from predictors.heads import Artifact, HeadPredictor, act, dropout, layernorm, linear, new_artifact
 
 METHOD = "tie"
@@ -176,6 +176,8 @@ class Tie(HeadPredictor):
     name = method = METHOD
     version = VERSION
     defaults = DEFAULTS
+    queue_aware = True
+    own_settings = {"queue_batch": BATCH_B}   # B of TIE's queue term (the engine's decode slots)
     trainer = staticmethod(train)
     output = "length"
     stage = "arrival"
@@ -192,7 +194,7 @@ class Tie(HeadPredictor):
 
     @classmethod
     def from_options(cls, options: PredictorOptions) -> Tie:
-        return cls(cls.artifact_for(options), batch=int(options.extra.get("tie_batch", BATCH_B)))
+        return cls(cls.artifact_for(options), batch=cls.settings(options)["queue_batch"])
 
     def distribution(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(mu, sigma) of the log-t length distribution for feature rows X."""
@@ -203,25 +205,22 @@ class Tie(HeadPredictor):
     def bind(self, workload, rng):
         super().bind(workload, rng)
         self._mu, self._sigma = self.distribution(workload.feature(self.column))
-        self._finished = 0
 
-    def queue_estimate(self, arrived: int) -> int:
-        return max(0, arrived - self._finished - self.batch)
+    def queue_estimate(self, known: Known) -> int:
+        return max(0, known.arrived - known.finished - self.batch)
 
-    def predict(self, rows):
+    def predict(self, rows, known: Known | None = None):
+        if known is None:
+            raise ValueError("tie scores with the queue length: predict needs the arrived/finished counts (known)")
         rows = np.asarray(rows, dtype=np.int64)
         if not len(rows):
             return np.empty(0)
-        beta = tie_beta(self.queue_estimate(int(rows.max()) + 1), self.batch)
+        beta = tie_beta(self.queue_estimate(known), self.batch)
         return tie_score(self._mu[rows], self._sigma[rows], beta, nu=self.nu)
 
-    def feedback(self, rows, output_tokens):
-        self._finished += len(rows)
-        return None
-
-    def cost(self) -> PredictorCost:
-        return encoder_cost(DEBERTA_V3_BASE)
+    def cost(self, hardware: Hardware = DEFAULT_HARDWARE) -> PredictorCost:
+        return encoder_cost(DEBERTA_V3_BASE, hardware.gpu)
 
     def describe(self) -> dict:
         return {"name": self.name, **self.artifact.describe(), "batch_B": self.batch,
-                "encoder_charged": DEBERTA_V3_BASE.name, "cost": describe_cost(self.cost())}
+                "encoder_charged": DEBERTA_V3_BASE.name}

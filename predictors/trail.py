@@ -55,9 +55,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.hardware import DEFAULT_HARDWARE, Hardware
 from core.trace import Trace, TraceError
 from predictors.base import PredictorCost, PredictorOptions
-from predictors.gpu_cost import DISTILBERT_BASE, describe_cost, encoder_cost, trail_refresh_s
+from predictors.gpu_cost import DISTILBERT_BASE, encoder_cost, trail_refresh_s
 from predictors.heads import Artifact, HeadPredictor, act, linear, new_artifact, softmax
 
 METHOD = "trail"
@@ -270,7 +271,7 @@ class Trail(HeadPredictor):
             self.prefilled[rows] = True
 
     # -- the interface
-    def predict(self, rows):
+    def predict(self, rows, known=None):
         rows = np.asarray(rows, dtype=np.int64)
         return self.total[rows]
 
@@ -315,13 +316,13 @@ class Trail(HeadPredictor):
             self.total[upd] = self._estimate(upd, generated[changed])
         return self.total[rows]
 
-    def cost(self) -> PredictorCost:
-        enc = encoder_cost(DISTILBERT_BASE)
+    def cost(self, hardware: Hardware = DEFAULT_HARDWARE) -> PredictorCost:
+        enc = encoder_cost(DISTILBERT_BASE, hardware.gpu)
         return PredictorCost(gpu_s_per_call=enc.gpu_s_per_call, gpu_s_per_request=enc.gpu_s_per_request,
                              gpu_s_per_prompt_token=enc.gpu_s_per_prompt_token,
-                             gpu_s_per_refresh=trail_refresh_s())
+                             gpu_s_per_refresh=trail_refresh_s(hardware.gpu))
 
     def describe(self) -> dict:
         return {"name": self.name, **self.artifact.describe(), "bins": self.k, "bin_max": self.bin_max,
                 "decode_layer": self.decode_layer, "refresh_every": self.refresh_every,
-                "encoder_charged": DISTILBERT_BASE.name, "cost": describe_cost(self.cost())}
+                "encoder_charged": DISTILBERT_BASE.name}

@@ -27,10 +27,9 @@ import numpy as np  # noqa: E402
 
 from core.metrics import kendall_tau_b, spearman  # noqa: E402
 from core.trace import TraceError, load_trace  # noqa: E402
-from predictors import PREDICTORS  # noqa: E402
+from predictors import BASELINES, PREDICTORS  # noqa: E402
+from predictors.base import Known  # noqa: E402
 from predictors.heads import WEIGHTS_DIR, merged_settings, resolve_artifact  # noqa: E402
-
-BASELINES = ("tie", "ssjf", "ltr", "trail", "egtp")
 
 
 def module_of(name: str):
@@ -63,7 +62,7 @@ def parse_sets(items: list[str], names: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", default="lmsys", help="training trace (bundled name or path), default lmsys")
-    p.add_argument("--predictors", default=",".join(BASELINES), help="comma-separated, default all five")
+    p.add_argument("--predictors", default=",".join(BASELINES), help=f"comma-separated, default all {len(BASELINES)}: {', '.join(BASELINES)}")
     p.add_argument("--retrain", action="store_true", help="ignore cached and shipped weights")
     p.add_argument("--ship", action="store_true", help="copy the weights to predictors/weights/ + MANIFEST")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a training setting")
@@ -99,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.perf_counter() - started
         pred = PREDICTORS[name](art)
         pred.bind(trace, np.random.default_rng(0))
-        est = pred.predict(np.arange(len(trace)))
+        est = pred.predict(np.arange(len(trace)), Known(arrived=len(trace), finished=0))   # all queued at once
         rho, tau = spearman(est, trace.output_tokens), kendall_tau_b(est, trace.output_tokens)
         print(f"{name:6s} weights={art.source:8s} train_s={art.meta.get('train_seconds')} wall_s={wall:.1f} "
               f"in-sample spearman={rho:.3f} tau={tau:.3f} key={art.meta['key']}")

@@ -15,11 +15,13 @@ from core.trace import Trace, load_trace, tile_trace, trace_reference
 from policies import make_policy
 from predictors import make_predictor
 from predictors.base import PredictorOptions
+from predictors.gpu_cost import describe_cost
+from simulator.capacity import measure_capacity
 from simulator.engine import EngineConfig, RunResult, Simulation
 from simulator.metrics import summarize
 from simulator.preset import recorded_engine_config, recorded_window
 from simulator.profiles import DEFAULT_PROFILE, make_profile
-from simulator.workload import ArrivalSpec, make_arrivals, measure_capacity
+from simulator.workload import ArrivalSpec, make_arrivals
 
 NO_PREDICTOR = "none"
 #: Largest seed: results tables store it as a Parquet int64.
@@ -111,6 +113,38 @@ class RunConfig:
         return d
 
 
+def config_from_record(record: dict) -> RunConfig:
+    """The :class:`RunConfig` a run's ``config.json`` was written from (``simulate --config``): the
+    same fields give the same bytes. Refuses a record that is not a run configuration, and a trace
+    whose content changed since (its hash is recorded)."""
+    if not isinstance(record, dict) or "trace" not in record or "predictor" not in record:
+        raise ValueError("not a run's config.json (no trace and predictor)")
+    try:
+        options = dict(record.get("predictor_options") or {})
+        known = {f.name for f in fields(PredictorOptions)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"unknown predictor option(s) {', '.join(unknown)}")
+        engine = dict(record.get("engine_config") or {})
+        config = RunConfig(
+            trace=record["trace"], predictor=record["predictor"], policy=record["policy"], engine=record["engine"],
+            load=record["load"], arrivals=ArrivalSpec.parse(record["arrivals"]), requests=record.get("requests"),
+            seed=int(record["seed"]), engine_config=EngineConfig(**engine), predictor_options=PredictorOptions(**options),
+            charge_cost=bool(record.get("charge_cost", True)), preset=record.get("preset"),
+            engine_overrides=tuple(sorted((record.get("engine_overrides") or {}).items())))
+    except KeyError as exc:
+        raise ValueError(f"config.json has no {exc.args[0]!r}") from None
+    except TypeError as exc:
+        raise ValueError(f"config.json: {exc}") from None
+    recorded = record.get("trace_hash")
+    if recorded is not None:
+        now = load_trace(config.trace).content_hash
+        if now != recorded:
+            raise ValueError(f"trace {config.trace!r} changed since the run (content hash {now[:12]}, "
+                             f"recorded {recorded[:12]}): it cannot be rerun exactly")
+    return config
+
+
 def check_kv_budget(workload: Trace, config: EngineConfig) -> None:
     """A KV budget below some prompt + its first token could only be kept by never admitting it."""
     if config.kv_token_budget is None or not len(workload):
@@ -149,8 +183,6 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
     predictor = None if config.predictor == NO_PREDICTOR else make_predictor(config.predictor, config.predictor_options)
     if predictor is None and policy.uses_predictions:
         raise ValueError(f"policy {config.policy!r} needs a predictor (--predictor)")
-    if predictor is not None:   # train or load now, so a bad training trace fails before any output
-        predictor.bind(workload, np.random.default_rng(config.seed))
     profile = make_profile(config.engine, trace)
     engine_config = config.engine_config_for(trace)
     check_kv_budget(workload, engine_config)
@@ -167,6 +199,7 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
         assert config.load is not None   # RunConfig refuses a rate-driven run without a load
         rate = config.load * capacity
         arrival_s = make_arrivals(config.arrivals, workload, rate, config.seed)
+    # binds the predictor (trains or loads it), so a bad training trace fails before any output
     sim = Simulation(workload, arrival_s, policy=policy, predictor=predictor, profile=profile,
                      config=engine_config, seed=config.seed, charge_cost=config.charge_cost,
                      record_steps=record_steps, progress=progress, closed_loop=window)
@@ -183,6 +216,11 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
         "arrivals_hash": hashlib.sha256(np.ascontiguousarray(arrival_s, dtype=np.float64).tobytes()).hexdigest(),
         "code_hash": code_hash(),
     }
+    if predictor is not None:
+        resolved["predictor_settings"] = predictor.describe()
+        cost = sim.predictor_cost
+        assert cost is not None   # bound with a predictor
+        resolved["predictor_cost"] = describe_cost(cost)
     if config.preset is not None or window is not None:
         resolved["engine_config_used"] = asdict(engine_config)
         resolved["closed_loop_window"] = window
@@ -192,9 +230,6 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
 def execute(prepared: Prepared) -> tuple[dict, RunResult]:
     """Run a prepared simulation and summarise it."""
     result = prepared.simulation.run()
-    predictor = prepared.simulation.predictor
-    if predictor is not None:
-        prepared.resolved["predictor_settings"] = predictor.describe()
     cfg = prepared.config
     summary = summarize(
         result,

@@ -22,10 +22,11 @@ from core.trace import load_trace, trace_from_arrays, trace_metadata, traces_dir
 from policies import make_policy
 from policies.base import SchedulerView
 from predictors import make_predictor
-from predictors.base import PredictorOptions
+from predictors.base import Known, PredictorOptions
+from simulator.capacity import measure_capacity
 from simulator.engine import EngineConfig, Simulation
 from simulator.profiles import make_profile
-from simulator.workload import ArrivalSpec, make_arrivals, measure_capacity
+from simulator.workload import ArrivalSpec, make_arrivals
 
 BASELINES = ("tie", "ssjf", "ltr", "trail", "egtp")
 LMSYS = traces_dir() / "lmsys.parquet"
@@ -113,7 +114,7 @@ def held_out(name: str, predictor, test) -> float:
     positively with length, like the length predictors.
     """
     predictor.bind(test, np.random.default_rng(0))
-    pred = predictor.predict(np.arange(len(test)))
+    pred = predictor.predict(np.arange(len(test)), Known(arrived=len(test), finished=0))
     metric = kendall_tau_b if name == "ltr" else spearman
     return metric(pred, test.output_tokens)
 
@@ -163,12 +164,12 @@ def test_trains_on_lmsys_slice_and_beats_constant(name):
 # ----------------------------------------------------------------------------- weights
 @needs_torch
 def test_training_is_cached_and_deterministic(synth_path):
-    options = PredictorOptions(train_trace=str(synth_path), extra=dict(FAST))
+    options = PredictorOptions(train_trace=str(synth_path), settings={"ssjf": dict(FAST)})
     first = make_predictor("ssjf", options)
     assert first.artifact.source == "trained"
     again = make_predictor("ssjf", options)
     assert again.artifact.source == "cache"
-    retrained = make_predictor("ssjf", PredictorOptions(train_trace=str(synth_path), extra={**FAST, "retrain": True}))
+    retrained = make_predictor("ssjf", PredictorOptions(train_trace=str(synth_path), settings={"ssjf": {**FAST, "retrain": True}}))
     for key, value in first.artifact.arrays.items():
         np.testing.assert_array_equal(value, retrained.artifact.arrays[key])
 
@@ -238,6 +239,21 @@ def test_tie_score_matches_high_sample_monte_carlo(mu, sigma, beta):
 def test_tie_beta_and_queue_estimate():
     from predictors.tie import tie_beta
     assert tie_beta(0, 64) == 0.1 and tie_beta(192, 64) == pytest.approx(0.3) and tie_beta(10_000, 64) == 0.5
+
+
+def test_tie_scores_from_the_counts_it_is_given_not_row_numbers(synth_test):
+    """L_q comes from the arrived/finished counts the engine passes, whatever rows are asked."""
+    from predictors.tie import Tie
+    tie = Tie.__new__(Tie)
+    tie.batch, tie.nu = 64, 3.5
+    tie._mu, tie._sigma = np.full(4, 5.0), np.full(4, 1.0)
+    rows = np.array([0])
+    calm, busy = Known(arrived=1, finished=0), Known(arrived=1000, finished=0)
+    assert tie.queue_estimate(calm) == 0 and tie.queue_estimate(busy) == 1000 - 64
+    assert tie.predict(rows, busy)[0] > tie.predict(rows, calm)[0]      # a longer queue weighs the tail more
+    assert tie.predict(np.array([3]), calm)[0] == tie.predict(rows, calm)[0]   # row 3 does not mean 4 arrived
+    with pytest.raises(ValueError, match="known"):
+        tie.predict(rows)
 
 
 # ----------------------------------------------------------------------------- TRAIL
@@ -324,7 +340,7 @@ def test_trail_refresh_uses_recorded_vectors_and_counts_down_exactly(synth_test)
     assert got == pytest.approx(expected, rel=1e-12) and got != first
     # between refreshes the total stays put, so countdown's key falls by exactly one per token
     view = SchedulerView(now=0.0, arrival_s=np.zeros(1), predicted=np.array([got]), generated=np.array([64]),
-                         output_kind="length", waiting=0, decode_slots=1)
+                         output_kind="length")
     keys = []
     for g in range(64, 128):
         view.generated[0] = g
@@ -372,7 +388,7 @@ def test_trail_predictions_change_only_at_refresh_points(synth_test):
 def _view(**kw):
     n = len(kw["arrival_s"])
     base = dict(now=0.0, predicted=np.full(n, 100.0), generated=np.zeros(n, dtype=np.int64), output_kind="length",
-                waiting=0, decode_slots=1, step=0, last_served=np.zeros(n, dtype=np.int64),
+                step=0, last_served=np.zeros(n, dtype=np.int64),
                 first_predicted=np.full(n, 100.0))
     base.update(kw)
     return SchedulerView(**base)
@@ -397,6 +413,7 @@ def test_ssjf_starvation_override():
 
 def test_ltr_starvation_promotion_for_ten_runs():
     policy = make_policy("ltr-starvation")
+    policy.reset(3)
     rows = np.arange(3)
     scores = np.array([5.0, 1.0, 2.0])                                # rank scores, lower first
     last = np.array([0, 299, 299])
@@ -413,7 +430,22 @@ def test_ltr_starvation_promotion_for_ten_runs():
     # idle 199 is not enough
     view = _view(arrival_s=np.zeros(2), predicted=np.array([5.0, 1.0]), output_kind="rank", step=200,
                  last_served=np.array([0, 199]))
-    assert np.argsort(make_policy("ltr-starvation").decode_keys(view, np.arange(2)), kind="stable")[0] == 1
+    fresh = make_policy("ltr-starvation")
+    fresh.reset(2)
+    assert np.argsort(fresh.decode_keys(view, np.arange(2)), kind="stable")[0] == 1
+
+
+def test_ltr_starvation_reset_starts_a_new_run():
+    """The engine calls reset(n) at the start of each run: promotions of the last run do not leak
+    into the next, even when the new run's view reuses the same arrays."""
+    policy = make_policy("ltr-starvation")
+    policy.reset(2)
+    view = _view(arrival_s=np.zeros(2), predicted=np.array([5.0, 1.0]), output_kind="rank", step=300,
+                 last_served=np.array([0, 299]))
+    assert np.argsort(policy.decode_keys(view, np.arange(2)), kind="stable")[0] == 0   # row 0 promoted
+    policy.reset(2)
+    view.step, view.last_served[:] = 10, [9, 9]                       # a new run: nobody idle
+    assert np.argsort(policy.decode_keys(view, np.arange(2)), kind="stable")[0] == 1
 
 
 def test_trail_limited_preemption():

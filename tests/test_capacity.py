@@ -11,10 +11,10 @@ import pytest
 
 from core.trace import load_trace, trace_from_arrays
 from experiments.cli import main
+from simulator.capacity import capacity_key, measure_capacity
 from simulator.engine import EngineConfig
 from simulator.profiles import make_profile
 from simulator.profiles.unit import UnitProfile
-from simulator.workload import capacity_key, measure_capacity
 
 TRACE = "sharegpt-lengths"
 

@@ -14,12 +14,13 @@ from core.trace import load_trace, trace_from_arrays
 from policies import make_policy
 from predictors import make_predictor
 from predictors.base import Predictor, PredictorCost, PredictorOptions
+from simulator.capacity import measure_capacity
 from simulator.engine import EngineConfig, Simulation
 from simulator.profiles import make_profile
 from simulator.profiles.fitted import FittedProfile
 from simulator.profiles.roofline import RooflineProfile
 from simulator.profiles.unit import UnitProfile
-from simulator.workload import ArrivalSpec, make_arrivals, measure_capacity
+from simulator.workload import ArrivalSpec, make_arrivals
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -205,10 +206,10 @@ class _SlowCPUPredictor(Predictor):
     def bind(self, workload, rng):
         super().bind(workload, rng)
 
-    def predict(self, rows):
+    def predict(self, rows, known=None):
         return np.full(len(rows), 7.0)
 
-    def cost(self):
+    def cost(self, hardware=None):
         return self._cost
 
 
@@ -231,3 +232,60 @@ def test_no_prediction_cost_when_not_charged():
     result = Simulation(trace, np.zeros(1), policy=make_policy("countdown"), predictor=_SlowCPUPredictor(0.8, 0.5),
                         profile=UnitProfile(), config=EngineConfig(), charge_cost=False).run()
     assert result.predicted_ready_s[0] == 1.0 and result.predictor_cpu_s == 0.0
+
+
+class _HardwareSeen(Predictor):
+    """Records the hardware its cost is asked for, and peeks at the true lengths if told to."""
+
+    name = "hardware-seen"
+    stage = "arrival"
+
+    def __init__(self, peek=False):
+        self.seen, self.peek = [], peek
+
+    def bind(self, workload, rng):
+        super().bind(workload, rng)
+        if self.peek:
+            _ = workload.output_tokens
+
+    def predict(self, rows, known=None):
+        return np.full(len(rows), 3.0)
+
+    def cost(self, hardware=None):
+        self.seen.append(hardware)
+        return PredictorCost(gpu_s_per_call=1e-3)
+
+
+def test_predictor_cost_is_charged_on_the_runs_engine():
+    """`--engine llama3-8b-a100` charges A100 costs (it charged H100 costs before)."""
+    from core.hardware import DEFAULT_HARDWARE, Hardware
+    from predictors.gpu_cost import DEBERTA_V3_BASE, encoder_cost
+    trace = trace_from_arrays("hw", [4, 4], [3, 3])
+    for profile, expected in [(make_profile("llama3-8b-a100"), Hardware(LLAMA3_8B, A100_80GB)),
+                              (make_profile("qwen3-8b-h100"), DEFAULT_HARDWARE), (UnitProfile(), DEFAULT_HARDWARE)]:
+        pred = _HardwareSeen()
+        Simulation(trace, np.zeros(2), policy=make_policy("countdown"), predictor=pred, profile=profile).run()
+        assert pred.seen == [expected], profile.describe()
+    tie = make_predictor("tie")
+    a100 = tie.cost(make_profile("llama3-8b-a100").hardware)
+    assert a100 == encoder_cost(DEBERTA_V3_BASE, A100_80GB) and a100.gpu_s(1, 100) > tie.cost().gpu_s(1, 100)
+
+
+def test_predictors_are_bound_without_the_true_lengths():
+    """No peeking is structural: a non-oracle predictor's trace has no output lengths; oracles opt in."""
+    from core.trace import TraceError
+    trace = trace_from_arrays("blind", [4, 4], [3, 5])
+    with pytest.raises(TraceError, match="true output lengths are hidden"):
+        Simulation(trace, np.zeros(2), policy=make_policy("countdown"), predictor=_HardwareSeen(peek=True),
+                   profile=UnitProfile())
+    oracle = make_predictor("oracle")
+    result = Simulation(trace, np.zeros(2), policy=make_policy("countdown"), predictor=oracle, profile=UnitProfile()).run()
+    assert result.predicted_tokens.tolist() == [3.0, 5.0]
+
+
+def test_a_simulation_runs_once():
+    trace = trace_from_arrays("once", [4], [3])
+    sim = Simulation(trace, np.zeros(1), policy=make_policy("fcfs"), predictor=None, profile=UnitProfile())
+    sim.run()
+    with pytest.raises(RuntimeError, match="runs once"):
+        sim.run()

@@ -62,7 +62,7 @@ class FixedPredictor(Predictor):
         super().bind(workload, rng)
         self._rows = np.array([self.values[int(str(rid)[1:])] for rid in workload.request_id], dtype=np.float64)
 
-    def predict(self, rows):
+    def predict(self, rows, known=None):
         return self._rows[rows]
 
 
@@ -76,7 +76,7 @@ class ConstantPredictor(Predictor):
         self.value = float(value)
         self.output = output
 
-    def predict(self, rows):
+    def predict(self, rows, known=None):
         return np.full(len(rows), self.value)
 
 
@@ -377,7 +377,6 @@ class RecordingPolicy(Policy):
         self.inner = inner
         self.name = inner.name
         self.uses_predictions = inner.uses_predictions
-        self.rescore_interval_s = inner.rescore_interval_s
         self.calls: list[tuple] = []
 
     def _record(self, kind, view, rows, keys):
@@ -385,6 +384,9 @@ class RecordingPolicy(Policy):
         self.calls.append((kind, view.now, tuple(rows.tolist()), tuple(view.predicted[rows].tolist()),
                            tuple(view.generated[rows].tolist()), None if keys is None else tuple(np.asarray(keys).tolist())))
         return keys
+
+    def reset(self, n):
+        self.inner.reset(n)
 
     def decode_keys(self, view, rows):
         return self._record("decode", view, rows, self.inner.decode_keys(view, rows))

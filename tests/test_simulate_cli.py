@@ -367,3 +367,58 @@ def test_leap_validate_is_the_simulate_run_it_describes(capsys):
     [summary] = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert summary["mean_e2e_s"] == pytest.approx(row["sim_mean_e2e_s"], rel=1e-12)
     assert summary["p95_e2e_s"] == pytest.approx(row["sim_p95_e2e_s"], rel=1e-12)
+
+
+def test_config_file_reruns_a_run_exactly(tmp_path, capsys):
+    """`simulate --config run/config.json` rebuilds the run from what it wrote: identical bytes."""
+    first = tmp_path / "a"
+    assert main(["--trace", "sharegpt-lengths", "--requests", "120", "--predictor", "noisy-oracle", "--noise-mae", "50",
+                 "--policy", "aging", "--load", "1.5x", "--seed", "3", "--wait-cap", "16", "--out", str(first),
+                 "--quiet", "--json"]) == 0
+    again = tmp_path / "b"
+    assert main(["--config", str(first / "config.json"), "--out", str(again), "--quiet", "--json"]) == 0
+    for name in ("requests.parquet", "summary.json"):
+        assert (first / name).read_bytes() == (again / name).read_bytes(), name
+    capsys.readouterr()
+    assert main(["--config", str(first / "config.json"), "--load", "2x"]) == 2     # nothing else may change
+    assert "drop --load" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("[1]")
+    assert main(["--config", str(tmp_path / "bad.json")]) == 2
+    assert "not a run's config.json" in capsys.readouterr().err
+
+
+def test_predictor_settings_are_typed_and_refused_when_unknown(capsys):
+    assert main(["--predictor", "leap", "--setting", "leap.alpah=1", "--requests", "10"]) == 2
+    assert "no setting 'alpah' (its settings: alpha, cache)" in capsys.readouterr().err
+    assert main(["--predictor", "tie", "--setting", "tie.queue_batch=1.5", "--requests", "10"]) == 2
+    assert "expected an integer" in capsys.readouterr().err
+    assert main(["--predictor", "oracle", "--setting", "tie.queue_batch=8", "--requests", "10"]) == 2
+    assert "not among those run" in capsys.readouterr().err
+    from predictors import PREDICTORS
+    from predictors.base import PredictorOptions
+    assert PREDICTORS["tie"].settings(PredictorOptions(settings={"tie": {"queue_batch": "32"}}))["queue_batch"] == 32
+    assert PREDICTORS["leap"].settings(PredictorOptions(settings={"leap": {"cache": "false"}}))["cache"] is False
+
+
+def test_each_run_is_prepared_and_bound_once(tmp_path, monkeypatch, capsys):
+    """A 2-run sweep run in this process prepares and binds each run once (it was 4 and 6)."""
+    import experiments.cli as cli
+    from predictors.base import Predictor
+    from simulator import runner
+    counts = {"prepare": 0, "bind": 0}
+    prepare, bind = runner.prepare, Predictor.bind
+
+    def counted_prepare(*a, **k):
+        counts["prepare"] += 1
+        return prepare(*a, **k)
+
+    def counted_bind(self, *a, **k):
+        counts["bind"] += 1
+        return bind(self, *a, **k)
+
+    monkeypatch.setattr(cli, "prepare", counted_prepare)
+    monkeypatch.setattr("experiments.sweep.prepare", counted_prepare)
+    monkeypatch.setattr(Predictor, "bind", counted_bind)
+    assert main(["--trace", "sharegpt-lengths", "--requests", "60", "--predictor", "oracle", "--policy",
+                 "countdown,aging", "--jobs", "1", "--quiet", "--json", "--out", str(tmp_path / "s")]) == 0
+    assert counts == {"prepare": 2, "bind": 2}

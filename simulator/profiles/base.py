@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from core.hardware import DEFAULT_HARDWARE, Hardware
+
 
 class EngineProfile(ABC):
     """Step time as a function of the step's composition (seconds).
@@ -18,6 +20,12 @@ class EngineProfile(ABC):
     @abstractmethod
     def step_time(self, prefill_tokens: int, prefill_sq: int, decode_batch: int, decode_context: int) -> float:
         ...
+
+    @property
+    def hardware(self) -> Hardware:
+        """The (model, GPU) that predictor costs are charged on. Profiles that model no hardware
+        (unit, fitted from recorded steps) use the default engine's, ``qwen3-8b-h100``."""
+        return DEFAULT_HARDWARE
 
     def describe(self) -> dict:
         return {"name": self.name}

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-from core.hardware import BF16_BYTES, EAGER_S_PER_LAYER, FLOP_EFFICIENCY, GPU, HBM_EFFICIENCY, ModelShape
+from core.hardware import BF16_BYTES, EAGER_S_PER_LAYER, FLOP_EFFICIENCY, GPU, HBM_EFFICIENCY, Hardware, ModelShape
 from simulator.profiles.base import EngineProfile
 
 SOFTMAX_EXPONENT = 2.0
@@ -55,6 +55,10 @@ class RooflineProfile(EngineProfile):
         self._decode_attn_flop_per_ctx = 4.0 * model.attention_width * model.layers
         self._kv_bytes = model.kv_bytes_per_token
         self.overhead_s = ENGINE_S_PER_STEP + (EAGER_S_PER_LAYER * model.layers if eager else 0.0)
+
+    @property
+    def hardware(self) -> Hardware:
+        return Hardware(self.model, self.gpu)
 
     def linear_time(self, tokens: int) -> float:
         """Non-attention time of a step of ``tokens`` tokens (what Vidur's anchor measures)."""

@@ -1,0 +1,143 @@
+"""The scheduler: which requests a step admits (and how much of each prompt) and which decode.
+
+Decode choice is :func:`policies.selection.choose_decodes` (the wait cap first, then the policy's
+order), the same function the live vLLM scheduler calls. Admission is strict FCFS up to the prefill
+token budget, unless the predictor scores from the prompt alone and the policy orders admission.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from policies.base import Policy, SchedulerView
+from policies.selection import choose_decodes
+from simulator.config import EngineConfig
+from simulator.requests import RequestTable
+
+EMPTY = np.empty(0, dtype=np.int64)
+
+
+class SimulationStalled(RuntimeError):
+    """A step with requests in the system admitted and decoded nothing: the run would never end."""
+
+
+@dataclass
+class Batch:
+    """One step's composition."""
+
+    chosen: np.ndarray        # rows decoded, the ``n_forced`` forced by the wait cap first
+    n_forced: int
+    ready: int                # resident rows able to decode at step start
+    waiting: int              # arrived and not admitted, after this step's admissions
+    carried: int              # row whose prompt continues from an earlier step (-1: none)
+    admit: np.ndarray         # rows admitted this step
+    first: np.ndarray         # rows whose prompt completes this step (they emit their first token)
+    prefill_tokens: int
+    prefill_sq: int           # attention work of the prefill (sum of chunk x (computed before + chunk))
+    context: int              # KV tokens read by the decodes
+
+
+class Scheduler:
+    """Admission and decode choice for one run over a :class:`RequestTable`."""
+
+    def __init__(self, policy: Policy, config: EngineConfig, table: RequestTable, view: SchedulerView,
+                 ordered_admission: bool):
+        self.policy, self.config, self.table, self.view = policy, config, table, view
+        self.ordered_admission = ordered_admission   # the policy orders admission (arrival-stage scores)
+        self.admit_ptr = 0        # rows below it are all admitted
+        self.n_admitted = 0
+        self.contended = 0        # steps in which the policy's order decided something
+
+    def idle(self, arrived: int) -> bool:
+        """Nothing resident, nothing part-prefilled, nothing waiting: the engine waits for an arrival."""
+        t = self.table
+        return len(t.resident) == 0 and t.partial < 0 and self.admit_ptr >= arrived
+
+    def compose(self, arrived: int, step: int, now: float) -> Batch:
+        t, cfg, view = self.table, self.config, self.view
+        view.now = now
+        view.step = step
+        ready = t.resident
+        chosen, n_forced = choose_decodes(self.policy, view, ready, decode_slots=cfg.decode_slots,
+                                          wait_cap=cfg.wait_cap, step=step, last_served=t.last_served)
+        budget = cfg.prefill_token_budget - (len(chosen) if cfg.decodes_in_budget else 0)
+        carried = t.partial
+        carried_chunk = 0
+        if carried >= 0:   # a partly prefilled prompt continues before new admissions
+            carried_chunk = int(min(t.prompt[carried] - t.prefilled[carried], max(budget, 0)))
+            budget -= carried_chunk
+        waiting = arrived - self.n_admitted
+        admit = self._admit(arrived, budget)
+        if not len(admit) and not len(chosen) and not carried_chunk:
+            raise SimulationStalled(
+                f"step {step} at t={now:.6g} s admitted and decoded nothing with "
+                f"{len(ready)} resident and {waiting} waiting requests "
+                f"(decode_slots={cfg.decode_slots}, max_resident={cfg.max_resident})")
+        # the policy chose: more ready requests than decode slots, or (policy-ordered admission)
+        # requests left waiting after this step's admissions
+        if len(ready) > cfg.decode_slots or (self.ordered_admission and arrived > self.n_admitted):
+            self.contended += 1
+        first, prefill_tokens, prefill_sq = self._prefill(admit, budget, carried, carried_chunk)
+        context = int(t.prompt[chosen].sum() + t.generated[chosen].sum())
+        return Batch(chosen, n_forced, len(ready), waiting - len(admit), carried, admit, first, prefill_tokens, prefill_sq, context)
+
+    def _admit(self, arrived: int, budget: int) -> np.ndarray:
+        t, cfg = self.table, self.config
+        room = cfg.max_resident - len(t.resident) - (t.partial >= 0)
+        if budget <= 0:
+            return EMPTY
+        lo = self.admit_ptr
+        if room <= 0 or lo >= arrived:
+            return EMPTY
+        if self.ordered_admission:
+            cand = lo + np.flatnonzero(~t.admitted[lo:arrived])
+            keys = self.policy.admission_keys(self.view, cand)
+            if keys is not None:
+                cand = cand[np.argsort(keys, kind="stable")]
+        else:
+            cand = np.arange(lo, min(arrived, lo + room))
+        cand = cand[:room]
+        tokens = np.cumsum(t.prompt[cand])
+        # strict order: stop at the first request that does not fit; an over-long prompt goes alone
+        take = int(np.searchsorted(tokens, budget, side="right"))
+        if cfg.chunked_prefill:   # the next one gets what budget is left, as a first chunk
+            take += int(take < len(cand) and (tokens[take - 1] if take else 0) < budget)
+        else:
+            take = max(take, 1)
+        if cfg.kv_token_budget is not None:
+            fits = int(np.searchsorted(tokens, cfg.kv_token_budget - t.kv_used, side="right"))
+            take = min(take, fits if fits or len(t.resident) else 1)  # an empty engine admits one
+        rows = cand[:take]
+        if len(rows):
+            t.admitted[rows] = True
+            self.n_admitted += len(rows)
+            while self.admit_ptr < arrived and t.admitted[self.admit_ptr]:
+                self.admit_ptr += 1
+        return rows
+
+    def _prefill(self, admit: np.ndarray, budget: int, carried: int,
+                 carried_chunk: int) -> tuple[np.ndarray, int, int]:
+        """Prompt tokens computed this step: (rows completing their prompt, tokens, attention work)."""
+        t = self.table
+        prompt = t.prompt
+        if not self.config.chunked_prefill:
+            prefill_tokens = int(prompt[admit].sum()) if len(admit) else 0
+            prefill_sq = int(t.prompt_sq[admit].sum()) if len(admit) else 0
+            return admit, prefill_tokens, prefill_sq
+        chunks = np.minimum(prompt[admit], np.maximum(budget - np.concatenate(
+            [[0], np.cumsum(prompt[admit])[:-1]]), 0)) if len(admit) else EMPTY
+        before = int(t.prefilled[carried]) if carried >= 0 else 0
+        prefill_tokens = carried_chunk + int(chunks.sum())
+        prefill_sq = carried_chunk * (before + carried_chunk) + int((chunks * chunks).sum())
+        t.prefilled[admit] = chunks
+        if carried >= 0:
+            t.prefilled[carried] += carried_chunk
+        first = admit[chunks == prompt[admit]]
+        if carried >= 0 and t.prefilled[carried] == prompt[carried]:
+            first = np.concatenate([[carried], first]).astype(np.int64)
+            t.partial = -1
+        if len(admit) and chunks[-1] < prompt[admit[-1]]:
+            t.partial = int(admit[-1])
+        return first, prefill_tokens, prefill_sq
