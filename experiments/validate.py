@@ -408,7 +408,7 @@ def _readout_check(trace: Trace) -> tuple[str, str]:
     on the same training trace (predictors.leap.fit_readout, the function live.readout exports)."""
     import hashlib
 
-    from predictors.leap import DEFAULT_TARGET, fit_readout
+    from core.readout import DEFAULT_TARGET, fit_readout
 
     ref = _serving(trace).get("readout")
     if not ref:
