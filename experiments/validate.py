@@ -451,8 +451,7 @@ def _simulate_segments(workload: Trace, segment: np.ndarray, policy_name: str, p
         arrival = part.arrival_s - float(part.arrival_s.min())
         predictor = None
         if predictor_name != NO_PREDICTOR:
-            predictor = make_predictor(predictor_name, PredictorOptions(train_trace=train, charge_cost=charge_cost,
-                                                                        update_every=update_every))
+            predictor = make_predictor(predictor_name, PredictorOptions(train_trace=train, update_every=update_every))
         sim = Simulation(part, arrival, policy=make_policy(policy_name), predictor=predictor, profile=profile,
                          config=config, seed=0, charge_cost=charge_cost)
         result = sim.run()
