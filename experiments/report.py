@@ -379,7 +379,7 @@ class Report:
         return Section("azure", [Experiment("azure", configs)], render)
 
     def live_serving(self) -> Section:
-        """Serving runs in traces/live/ (``capture-traces serve``) replayed by the simulator under a
+        """Serving runs in traces/live/ (``leap-serve``) replayed by the simulator under a
         profile fitted on another run (experiments.validate): validation table and live Table 3
         analogue with simulated beside measured gains; a note when there are no serving runs."""
         return Section("live serving runs: measured vs simulated", render=lambda rows: live_report_section())

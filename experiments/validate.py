@@ -177,7 +177,7 @@ def _validate(argv: list[str]) -> int:
 
 
 # =========================================================================== serving runs
-# Serving runs (``capture-traces serve``, traces/live/): replayed with the live run's own policy,
+# Serving runs (``leap-serve``, traces/live/): replayed with the live run's own policy,
 # predictor and engine settings, under a step profile fitted on ANOTHER serving run's steps.
 # Self-contained below (the batch-trace code above is unchanged).
 
@@ -728,7 +728,7 @@ def serving_report_section(rows: list[dict]) -> str:
                                         r["predictor"] != "none", r["predictor"], r["run"]))
     first = rows[0]
     text = ["## Live serving runs: measured vs simulated\n",
-            f"Open-loop serving runs of vLLM (`capture-traces serve`, `traces/live/`), each replayed by the simulator "
+            f"Open-loop serving runs of vLLM (`leap-serve`, `traces/live/`), each replayed by the simulator "
             "with the live run's own policy, predictor, resident cap, decode slots, wait cap and token budget "
             "(chunked prefill, decodes in the budget), every request at its recorded submission time and forced "
             "length, under a step profile fitted on a *different* run's steps (`profile from`) plus that run's "
