@@ -15,8 +15,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.importers import import_trace  # noqa: E402
-from core.trace import load_trace, tile_trace  # noqa: E402
+from core.trace import (  # noqa: E402
+    import_trace,  # noqa: E402
+    load_trace,
+    tile_trace,
+)
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "arrivals" / "AzureLLMInferenceTrace_conv.csv"
 

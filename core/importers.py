@@ -5,7 +5,7 @@ Public traces carry no text and no hidden states, only when each request arrived
 tokens it read and wrote; that is all a replay with the oracle, the noisy oracle or FCFS needs.
 Each format is one small reader returning :class:`Columns`, registered by name in
 :data:`IMPORTERS`; :func:`detect_format` picks one from the file's extension and header, and
-:func:`import_trace` turns the columns into a :class:`core.trace.Trace` checked by the same
+:func:`core.trace.import_trace` turns the columns into a :class:`core.trace.Trace` checked by the same
 validator as a recorded trace. Parsing is vectorised (pyarrow's CSV/JSON readers, numpy), so a
 million rows import in well under a second.
 
@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from core.trace import METADATA_KEY, REQUIRED_COLUMNS, SCHEMA_VERSION, Trace, TraceError, validate_table
+from core.contract import METADATA_KEY, REQUIRED_COLUMNS, SCHEMA_VERSION, TraceError
 
 IMPORT_VERSION = 1
 #: Generic files: accepted column names (case-insensitive), first match wins.
@@ -263,9 +263,21 @@ def constant_strings(value: str, n: int) -> pa.Array:
     return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value])).cast(pa.string())
 
 
-def columns_to_trace(path: Path, fmt: str, cols: Columns) -> Trace:
+@dataclass(frozen=True)
+class ImportedTable:
+    """A public trace's requests as a table of the contract, before validation (which the trace
+    reader does: :func:`core.trace.import_trace`)."""
+
+    name: str
+    path: Path
+    table: pa.Table
+    metadata: dict
+    content_hash: str
+
+
+def columns_to_table(path: Path, fmt: str, cols: Columns) -> ImportedTable:
     """Apply the conventions of the module docstring (drops, ids, times from the first request,
-    cap) and validate."""
+    cap)."""
     total = len(cols.prompt_tokens)
     if total == 0:
         raise TraceError(f"trace {path}: has no requests")
@@ -295,17 +307,16 @@ def columns_to_trace(path: Path, fmt: str, cols: Columns) -> Trace:
                        "dropped_zero_tokens": dropped, "time_column": cols.time_column,
                        "max_tokens": "largest output of the file", "version": IMPORT_VERSION}}
     table = pa.table(columns)
-    validate_table(table, meta, path)
     digest = hashlib.sha256(f"leap.trace.import/{IMPORT_VERSION}|{fmt}|{cols.source}|{total}|{cap}|".encode())
     for array in (rows, prompt, output) + (() if arrival is None else (arrival,)):
         digest.update(np.ascontiguousarray(array).tobytes())
     name = path.name.rsplit(".", 1)[0]
-    return Trace(name=name, path=path, table=table, metadata=meta, content_hash=digest.hexdigest())
+    return ImportedTable(name=name, path=path, table=table, metadata=meta, content_hash=digest.hexdigest())
 
 
-def import_trace(path: str | Path, fmt: str | None = None) -> Trace:
-    """Read a public trace file into a validated lengths-only :class:`Trace` (format detected
-    unless given). Raises :class:`TraceError` with one line naming the file and the problem."""
+def import_table(path: str | Path, fmt: str | None = None) -> ImportedTable:
+    """Read a public trace file into the contract's columns (format detected unless given).
+    Raises :class:`TraceError` with one line naming the file and the problem."""
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"trace {path}: no such file")
@@ -313,4 +324,4 @@ def import_trace(path: str | Path, fmt: str | None = None) -> Trace:
     if fmt not in IMPORTERS:
         raise TraceError(f"trace {path}: not an importable format (known: {', '.join(IMPORTERS)}; by extension "
                          f"{', '.join(IMPORT_SUFFIXES)})")
-    return columns_to_trace(path, fmt, IMPORTERS[fmt](path))
+    return columns_to_table(path, fmt, IMPORTERS[fmt](path))

@@ -21,20 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from core.contract import METADATA_KEY, REQUIRED_COLUMNS, SCHEMA_VERSION, TraceError
+from core.importers import detect_format, import_table
 from core.io import shareable_path
 
-SCHEMA_VERSION = 1
-METADATA_KEY = b"leap.trace"
-
-REQUIRED_COLUMNS: dict[str, str] = {
-    "request_id": "string",
-    "domain": "string",
-    "prompt_id": "string",
-    "prompt_tokens": "integer",
-    "output_tokens": "integer",
-    "finish_reason": "string",
-    "max_tokens": "integer",
-}
 OPTIONAL_SCALAR_COLUMNS: dict[str, str] = {
     "prompt_text": "string",
     "arrival_s": "float",
@@ -54,10 +44,6 @@ MAX_REQUEST_TOKENS = 1 << 20
 
 #: Columns that reveal a request's true output length (hidden from non-oracle predictors).
 LENGTH_COLUMNS = ("output_tokens", "finish_reason", "reference_output_tokens")
-
-
-class TraceError(ValueError):
-    """A trace that breaks the contract; the message names file, column and first bad row."""
 
 
 def traces_dir() -> Path:
@@ -468,6 +454,15 @@ def validate_steps(table: pa.Table, path: Path) -> None:
 _CACHE: dict[tuple[str, float, int], Trace] = {}
 
 
+def import_trace(path: str | os.PathLike, fmt: str | None = None) -> Trace:
+    """A public lengths-only trace file (Azure, Mooncake, a CSV/Parquet of token counts; format
+    detected unless given) as a validated :class:`Trace` (:mod:`core.importers` reads it)."""
+    imported = import_table(Path(path), fmt)
+    validate_table(imported.table, imported.metadata, imported.path)
+    return Trace(name=imported.name, path=imported.path, table=imported.table, metadata=imported.metadata,
+                 content_hash=imported.content_hash)
+
+
 def load_trace(path_or_name: str | os.PathLike) -> Trace:
     """Read and validate a trace (path or bundled name). Raises :class:`TraceError`. Public
     lengths-only traces (``.csv``, ``.jsonl``, a Parquet of token counts without the contract's
@@ -477,8 +472,6 @@ def load_trace(path_or_name: str | os.PathLike) -> Trace:
     key = (str(path.resolve()), stat.st_mtime, stat.st_size)
     if key in _CACHE:
         return _CACHE[key]
-    from core.importers import detect_format, import_trace  # same floor; importers build on this module
-
     fmt = detect_format(path)
     if fmt is not None:   # a public lengths-only trace (Azure, Mooncake, a CSV/Parquet of token counts)
         _CACHE[key] = import_trace(path, fmt)

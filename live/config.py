@@ -20,6 +20,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from live.common import LiveConfigError
+
 CONFIG_KEY = "leap_live"
 SCHEDULER_CLS = "live.scheduler.LeapScheduler"
 WORKER_EXTENSION_CLS = "live.worker_ext.LiveExt"
@@ -41,15 +43,9 @@ NOT_LIVE = {
 #: ``SamplingParams.extra_args`` key carrying the raw user prompt (no chat template) to the
 #: text-encoder baseline: vLLM hands the scheduler token ids only.
 PROMPT_TEXT_KEY = "leap_prompt_text"
-#: The one feature the live hook captures: the tapped layer's state at the last prompt token.
-HOOK_FEATURE = "feat_last"
 #: vLLM's KV block size on CPU (``CpuPlatform``); on GPU pass the engine's own.
 CPU_BLOCK_SIZE = 128
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
-
-
-class LiveConfigError(ValueError):
-    """A live-scheduler setting vLLM cannot honour (printed as one line, exit 2)."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from live.config import HOOK_FEATURE, LiveConfigError
+from live.common import HOOK_FEATURE, LiveConfigError
 
 FORMAT = "leap-readout/1"
 

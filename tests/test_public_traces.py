@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from core.importers import IMPORTERS, detect_format, import_trace
-from core.trace import TraceError, load_trace, tile_trace, trace_from_arrays, validate_table
+from core.importers import IMPORTERS, detect_format
+from core.trace import TraceError, import_trace, load_trace, tile_trace, trace_from_arrays, validate_table
 from experiments.cli import main
 from predictors.base import PredictorOptions
 
