@@ -48,7 +48,7 @@ from experiments.sweep import (
     sigterm_raises_stopped,
     write_results,
 )
-from experiments.validate import check_serving_runs, live_report_section
+from experiments.validate_serving import check_serving_runs, live_report_section
 from predictors import LEARNED, PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.runner import NO_PREDICTOR, RunConfig, prepare

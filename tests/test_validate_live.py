@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.trace import METADATA_KEY, load_trace, trace_from_arrays, traces_dir
-from experiments.validate import (
+from experiments.validate import main
+from experiments.validate_serving import (
     SIDE_TABLE_SUFFIXES,
     add_gains,
     busy_host_gaps,
@@ -21,7 +22,6 @@ from experiments.validate import (
     fcfs_partner,
     gain,
     live_report_section,
-    main,
     probe_summary,
     serving_report_section,
     validate_serving_runs,
@@ -205,7 +205,7 @@ def test_source_hash_mismatch_refused_in_one_line(tmp_path, capsys):
 
 def test_serving_profile_from_itself_refused(capsys):
     runs = committed_runs()
-    from experiments.validate import validate_serving
+    from experiments.validate_serving import validate_serving
     t = load_trace(runs[0])
     with pytest.raises(ValueError, match="another run"):
         validate_serving(t, t)
@@ -226,7 +226,7 @@ def _rewrite(src: Path, dest: Path, edit) -> Path:
 
 def test_segments_replay_each_from_an_empty_engine():
     """A resumed run's segments are simulated one by one: the same as simulating each alone."""
-    import experiments.validate as v
+    import experiments.validate_serving as v
 
     runs = committed_runs()
     trace = load_trace(runs[0])
@@ -246,7 +246,7 @@ def test_segments_replay_each_from_an_empty_engine():
 
 
 def test_admission_order_that_the_simulator_cannot_reproduce_is_refused(tmp_path):
-    from experiments.validate import validate_serving
+    from experiments.validate_serving import validate_serving
 
     runs = committed_runs()
     ordered = [p for p in runs if json.loads(pq.read_schema(p).metadata[METADATA_KEY])["serving"].get("ordered_admission")]
@@ -269,7 +269,7 @@ def test_leap_report_has_the_live_section():
 def test_each_live_predictor_replays_with_the_simulators_own(tmp_path, predictor, ordered):
     """The run's predictor is the simulator's class of the same name, fed the source trace's features;
     ssjf's modelled GPU cost is reported beside the live cost and not charged by default."""
-    from experiments.validate import validate_serving
+    from experiments.validate_serving import validate_serving
 
     runs = committed_runs()
     base = next(p for p in runs if "fcfs" not in p.name)
