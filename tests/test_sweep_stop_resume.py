@@ -16,10 +16,11 @@ import pytest
 from experiments.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-# 12 runs of about 0.7 s each (two decode slots make many steps): long enough to interrupt
-SWEEP = ["--trace", "sharegpt-lengths", "--predictor", "none,oracle", "--load", "1x,2x", "--seeds", "3",
+# 24 runs of about 0.7 s each (two decode slots make many steps): long enough to interrupt, with
+# room to spare on a loaded machine (a sweep that ends before the signal proves nothing)
+SWEEP = ["--trace", "sharegpt-lengths", "--predictor", "none,oracle", "--load", "1x,2x", "--seeds", "6",
          "--requests", "400", "--decode-slots", "2", "--jobs", "2", "--quiet", "--json"]
-RUNS = 12
+RUNS = 24
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for worker pids")
 
