@@ -186,8 +186,8 @@ def test_contended_flag():
     # memory-bandwidth contention the in-cache matmul probe does not see
     quiet_cpu = dict(median_over_before_run=1.05, before_run_median_s=1.0, p90_s=1.1)
     assert not probe(**quiet_cpu, memory={"median_over_before_run": 1.2})["contended"]
-    row = probe(**quiet_cpu, memory={"median_over_before_run": 1.4})
-    assert row["contended"] and row["mem_probe_median_over_before_run"] == 1.4
+    row = probe(**quiet_cpu, memory={"median_over_before_run": 1.6})
+    assert row["contended"] and row["mem_probe_median_over_before_run"] == 1.6
 
 
 def test_report_section_without_rows():
