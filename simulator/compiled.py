@@ -1,0 +1,582 @@
+"""The compiled step: the engine's step loop as one numba kernel, for runs where no step needs Python.
+
+The reference engine (:mod:`simulator.engine`) stays the definition; this kernel replays it with the
+same float64 arithmetic in the same order, so its outputs are byte-identical (the identity tests in
+``tests/test_compiled.py`` hold it to that). It covers runs whose decisions need no Python between
+arrivals: no predictor or a predictor whose estimate of every row is fixed at bind time (``oracle``,
+``noisy-oracle``), FCFS or countdown, the roofline / fitted / unit profiles, without chunked
+prefill, closed loop or step logs. Anything else runs on the reference engine, and
+:func:`unsupported` says why. Without numba the compiled kernel is unavailable and every run uses
+the reference engine (the pure-numpy path).
+
+The kernel keeps the resident set in row order, picks the decode slots with a bounded heap keyed by
+(key, row) (the reference's stable argsort order, without sorting the whole set), and keeps the
+waiting requests of a policy-ordered admission in a persistent heap keyed by (predicted, row).
+The SimPy process around it (:func:`step_process`) advances the simulated clock per chunk of steps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+try:   # numba is optional: without it, --kernel compiled falls back to the reference engine
+    import numba
+except ImportError:   # pragma: no cover -- exercised on machines without numba
+    numba = None
+
+KERNELS = ("reference", "compiled")
+CHUNK_STEPS = 1 << 16            # steps per kernel call (progress reports between calls)
+
+PROFILE_UNIT, PROFILE_ROOFLINE, PROFILE_FITTED = 0, 1, 2
+POLICY_FCFS, POLICY_COUNTDOWN = 0, 1
+REMAINING_FLOOR = 0.5            # policies.countdown.REMAINING_FLOOR (checked at import below)
+
+# integer state slots
+S_STEP, S_FINISHED, S_ARRIVED, S_SCORED, S_N_ADMITTED, S_N_RES, S_KV_USED, S_HEAP, S_CONTENDED, \
+    S_DECODES, S_STATUS, S_STALL_READY, S_STALL_WAITING = range(13)
+N_INT_STATE = 13
+# float state slots
+F_NOW, F_ABS_ERROR = range(2)
+N_FLOAT_STATE = 2
+
+
+def unsupported(sim) -> str | None:
+    """Why the compiled kernel cannot replay ``sim`` exactly (None: it can)."""
+    from policies.countdown import Countdown
+    from policies.fcfs import FCFS
+    from predictors.noisy_oracle import NoisyOracle
+    from predictors.oracle import Oracle
+    from simulator.profiles.fitted import FittedProfile
+    from simulator.profiles.roofline import RooflineProfile
+    from simulator.profiles.unit import UnitProfile
+
+    if numba is None:
+        return "numba is not installed"
+    if type(sim.policy) not in (FCFS, Countdown):
+        return f"policy {sim.policy.name!r} is not compiled (fcfs and countdown are)"
+    if sim.predictor is not None and type(sim.predictor) not in (Oracle, NoisyOracle):
+        return f"predictor {sim.predictor.name!r} needs Python during the run (oracle and noisy-oracle are compiled)"
+    if sim.predictor is not None and sim.charge_cost and sim.predictor_cost.charges_gpu:
+        return "the predictor charges GPU time"
+    if type(sim.profile) not in (RooflineProfile, FittedProfile, UnitProfile):
+        return f"engine profile {sim.profile.name!r} is not compiled"
+    if type(sim.profile) is FittedProfile and not all(
+            isinstance(v, float) for v in [sim.profile._a, *sim.profile._w]):
+        return "the fitted profile has non-float coefficients"
+    if sim.config.chunked_prefill:
+        return "chunked prefill is not compiled"
+    if sim.closed_loop is not None:
+        return "closed-loop arrivals are not compiled"
+    if sim.record_steps:
+        return "step logs are recorded by the reference engine only"
+    return None
+
+
+def profile_coefficients(profile) -> tuple[int, np.ndarray, np.ndarray]:
+    """(kind, integer coefficients, float coefficients) of a compiled step-time formula."""
+    from simulator.profiles.fitted import FittedProfile
+    from simulator.profiles.roofline import RooflineProfile
+
+    ints, floats = np.zeros(2, dtype=np.int64), np.zeros(8, dtype=np.float64)
+    if type(profile) is RooflineProfile:
+        if not (isinstance(profile._weight_bytes, int) and isinstance(profile._kv_bytes, int)):
+            raise TypeError("roofline byte counts must be integers")
+        ints[:] = profile._weight_bytes, profile._kv_bytes
+        floats[:7] = (profile._bw, profile._body_flop_per_token, profile._head_flop,
+                      profile._prefill_attn_flop_per_sq, profile._decode_attn_flop_per_ctx, profile._flops,
+                      profile.overhead_s)
+        return PROFILE_ROOFLINE, ints, floats
+    if type(profile) is FittedProfile:
+        floats[:5] = profile._a, *profile._w
+        return PROFILE_FITTED, ints, floats
+    return PROFILE_UNIT, ints, floats
+
+
+# ----------------------------------------------------------------------------------------------
+# kernel helpers (plain Python: numba compiles them; CPython's and numpy's float rules replicated)
+
+def _dl_split(x):
+    t = x * 134217729.0
+    hi = t - (t - x)
+    return hi, x - hi
+
+
+def _dl_mul(x, y):
+    xh, xl = _dl_split(x)
+    yh, yl = _dl_split(y)
+    p = xh * yh
+    q = xh * yl + xl * yh
+    z = p + q
+    zz = p - z + q + xl * yl
+    return z, zz
+
+
+def _py_hypot(a, b):
+    """CPython 3.11's math.hypot of two finite floats (vector_norm), bit for bit."""
+    a, b = abs(a), abs(b)
+    mx = a if a > b else b
+    if mx == 0.0:
+        return mx
+    _, max_e = math.frexp(mx)
+    if max_e < -1023:
+        return math.hypot(a, b)     # subnormal range: not reached by step times
+    scale = math.ldexp(1.0, -max_e)
+    csum, frac1, frac2 = 1.0, 0.0, 0.0
+    for x in (a, b):
+        x *= scale
+        ph, pl = _dl_mul(x, x)
+        s = csum + ph
+        sl = (csum - s) + ph
+        csum = s
+        frac1 += pl
+        frac2 += sl
+    h = math.sqrt(csum - 1.0 + (frac1 + frac2))
+    ph, pl = _dl_mul(-h, h)
+    s = csum + ph
+    sl = (csum - s) + ph
+    csum = s
+    frac1 += pl
+    frac2 += sl
+    x = csum - 1.0 + (frac1 + frac2)
+    h += x / (2.0 * h)
+    return h / scale
+
+
+def _pairwise(a, lo, n):
+    """numpy's pairwise float64 sum of a[lo:lo+n] (its add.reduce of a contiguous array)."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    if n <= 128:
+        r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+        r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+        i = 8
+        while i < n - (n % 8):
+            r0 += a[lo + i]
+            r1 += a[lo + i + 1]
+            r2 += a[lo + i + 2]
+            r3 += a[lo + i + 3]
+            r4 += a[lo + i + 4]
+            r5 += a[lo + i + 5]
+            r6 += a[lo + i + 6]
+            r7 += a[lo + i + 7]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        while i < n:
+            res += a[lo + i]
+            i += 1
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise(a, lo, n2) + _pairwise(a, lo + n2, n - n2)
+
+
+def _step_time(kind, pi, pf, prefill_tokens, prefill_sq, decode_batch, decode_context):
+    if kind == PROFILE_ROOFLINE:
+        tokens = prefill_tokens + decode_batch
+        mem = float(pi[0] + pi[1] * decode_context) / pf[0]
+        comp = (pf[1] * tokens + pf[2] * decode_batch + pf[3] * prefill_sq + pf[4] * decode_context) / pf[5]
+        return pf[6] + _py_hypot(mem, comp)
+    if kind == PROFILE_FITTED:
+        t = pf[0] + pf[1] * prefill_tokens + pf[2] * decode_batch + pf[3] * decode_context + pf[4] * prefill_sq
+        return t if t > 1e-9 else 1e-9
+    return 1.0
+
+
+def _before(ka, ra, kb, rb):
+    """(key, row) order: the reference's stable sort by key, ties in row order."""
+    return ka < kb or (ka == kb and ra < rb)
+
+
+def _heap_push(hk, hr, size, key, row):
+    i = size
+    hk[i], hr[i] = key, row
+    while i > 0:
+        parent = (i - 1) // 2
+        if _before(hk[i], hr[i], hk[parent], hr[parent]):
+            hk[i], hk[parent] = hk[parent], hk[i]
+            hr[i], hr[parent] = hr[parent], hr[i]
+            i = parent
+        else:
+            break
+    return size + 1
+
+
+def _heap_pop(hk, hr, size):
+    """Remove the root of a min-heap by (key, row); returns the new size."""
+    size -= 1
+    hk[0], hr[0] = hk[size], hr[size]
+    i = 0
+    while True:
+        left = 2 * i + 1
+        if left >= size:
+            break
+        child = left
+        if left + 1 < size and _before(hk[left + 1], hr[left + 1], hk[left], hr[left]):
+            child = left + 1
+        if _before(hk[child], hr[child], hk[i], hr[i]):
+            hk[i], hk[child] = hk[child], hk[i]
+            hr[i], hr[child] = hr[child], hr[i]
+            i = child
+        else:
+            break
+    return size
+
+
+def _worst_sift_down(wk, wr, size, i):
+    """Max-heap by (key, row): the worst of the kept candidates at the root."""
+    while True:
+        left = 2 * i + 1
+        if left >= size:
+            break
+        child = left
+        if left + 1 < size and _before(wk[left], wr[left], wk[left + 1], wr[left + 1]):
+            child = left + 1
+        if _before(wk[i], wr[i], wk[child], wr[child]):
+            wk[i], wk[child] = wk[child], wk[i]
+            wr[i], wr[child] = wr[child], wr[i]
+            i = child
+        else:
+            break
+
+
+def _worst_sift_up(wk, wr, i):
+    while i > 0:
+        parent = (i - 1) // 2
+        if _before(wk[parent], wr[parent], wk[i], wr[i]):
+            wk[i], wk[parent] = wk[parent], wk[i]
+            wr[i], wr[parent] = wr[parent], wr[i]
+            i = parent
+        else:
+            break
+
+
+def _rank_into(out, start, rows, m, k, keys_on, predicted, generated, wk, wr):
+    """The first k of rows[:m] (row-ordered) by countdown key, written in (key, row) order to
+    out[start:start+k]; FCFS (keys off): the first k in row order."""
+    if not keys_on:
+        for j in range(k):
+            out[start + j] = rows[j]
+        return
+    size = 0
+    for j in range(m):
+        r = rows[j]
+        key = predicted[r] - generated[r]
+        if key < REMAINING_FLOOR:
+            key = REMAINING_FLOOR
+        if size < k:
+            wk[size], wr[size] = key, r
+            _worst_sift_up(wk, wr, size)
+            size += 1
+        elif _before(key, r, wk[0], wr[0]):
+            wk[0], wr[0] = key, r
+            _worst_sift_down(wk, wr, size, 0)
+    # heap sort the kept ones: repeatedly move the worst to the end
+    for end in range(size - 1, -1, -1):
+        out[start + end] = wr[0]
+        wk[0], wr[0] = wk[end], wr[end]
+        _worst_sift_down(wk, wr, end, 0)
+
+
+def _run_steps(max_steps, arrival, prompt, length, predicted, has_pred, ordered, keys_on,
+               decode_slots, wait_cap, prefill_budget, decodes_in_budget, kv_budget, max_resident,
+               kind, pi, pf,
+               generated, last_served, forced_steps, admitted, admit_s, first_token_s, finish_s,
+               first_predicted, ready_s, resident, hk, hr, scratch_rows, chosen, admit, wk, wr, err,
+               ist, fst):
+    """Advance the engine up to ``max_steps`` steps (``simulator.engine.Simulation._step_loop``)."""
+    n = arrival.shape[0]
+    step, finished, arrived, scored = ist[S_STEP], ist[S_FINISHED], ist[S_ARRIVED], ist[S_SCORED]
+    n_admitted, n_res, kv_used, heap = ist[S_N_ADMITTED], ist[S_N_RES], ist[S_KV_USED], ist[S_HEAP]
+    contended, decodes = ist[S_CONTENDED], ist[S_DECODES]
+    now, abs_error = fst[F_NOW], fst[F_ABS_ERROR]
+    done_steps = 0
+    status = 0
+    while finished < n and done_steps < max_steps:
+        while arrived < n and arrival[arrived] <= now:
+            arrived += 1
+        if n_res == 0 and n_admitted >= arrived:   # idle: wait for the next arrival
+            now = now + (arrival[arrived] - now)
+            continue
+        # arrival-stage scores (fixed per row) become usable now
+        while scored < arrived:
+            if has_pred:
+                first_predicted[scored] = predicted[scored]
+                ready_s[scored] = now
+                if ordered:
+                    heap = _heap_push(hk, hr, heap, predicted[scored], scored)
+            scored += 1
+        # decode choice (policies.selection.choose_decodes)
+        n_chosen, n_forced = 0, 0
+        if n_res <= decode_slots:
+            for j in range(n_res):
+                chosen[j] = resident[j]
+            n_chosen = n_res
+        else:
+            n_starving = 0
+            if wait_cap:
+                for j in range(n_res):
+                    if step - last_served[resident[j]] > wait_cap:
+                        n_starving += 1
+            if n_starving:
+                n_other = 0
+                for j in range(n_res):
+                    r = resident[j]
+                    if step - last_served[r] > wait_cap:
+                        chosen[n_forced] = r
+                        n_forced += 1
+                    else:
+                        scratch_rows[n_other] = r
+                        n_other += 1
+                if n_forced >= decode_slots:
+                    # the longest-starved win: stable sort by last_served (insertion sort)
+                    for a in range(1, n_forced):
+                        r = chosen[a]
+                        b = a - 1
+                        while b >= 0 and last_served[chosen[b]] > last_served[r]:
+                            chosen[b + 1] = chosen[b]
+                            b -= 1
+                        chosen[b + 1] = r
+                    n_forced = decode_slots
+                    n_chosen = decode_slots
+                else:
+                    k = decode_slots - n_forced
+                    if k > n_other:
+                        k = n_other
+                    _rank_into(chosen, n_forced, scratch_rows, n_other, k, keys_on, predicted, generated, wk, wr)
+                    n_chosen = n_forced + k
+            else:
+                _rank_into(chosen, 0, resident, n_res, decode_slots, keys_on, predicted, generated, wk, wr)
+                n_chosen = decode_slots
+        budget = prefill_budget - (n_chosen if decodes_in_budget else 0)
+        waiting = arrived - n_admitted
+        # admission (Scheduler._admit, chunked prefill off)
+        n_admit = 0
+        room = max_resident - n_res
+        if budget > 0 and room > 0 and n_admitted < arrived:
+            tokens = 0
+            nxt = 0
+            while n_admit < room:
+                if ordered:
+                    if heap == 0:
+                        break
+                    r = hr[0]
+                else:
+                    r = n_admitted + nxt
+                    if r >= arrived:
+                        break
+                c = tokens + prompt[r]
+                if c > budget and n_admit > 0:
+                    break
+                if kv_budget >= 0 and c > kv_budget - kv_used and not (n_admit == 0 and n_res == 0):
+                    break
+                if ordered:
+                    heap = _heap_pop(hk, hr, heap)
+                else:
+                    nxt += 1
+                admit[n_admit] = r
+                n_admit += 1
+                tokens = c
+            for j in range(n_admit):
+                admitted[admit[j]] = True
+            n_admitted += n_admit
+        if n_admit == 0 and n_chosen == 0:
+            status = 1
+            ist[S_STALL_READY] = n_res
+            ist[S_STALL_WAITING] = waiting
+            break
+        if n_res > decode_slots or (ordered and arrived > n_admitted):
+            contended += 1
+        prefill_tokens, prefill_sq = 0, 0
+        for j in range(n_admit):
+            p = prompt[admit[j]]
+            prefill_tokens += p
+            prefill_sq += p * p
+        context = 0
+        for j in range(n_chosen):
+            context += prompt[chosen[j]]
+        gen_sum = 0
+        for j in range(n_chosen):
+            gen_sum += generated[chosen[j]]
+        context += gen_sum
+        if has_pred and n_chosen:   # PredictionDriver.note_decodes: error of the estimates in use
+            for j in range(n_chosen):
+                err[j] = abs(predicted[chosen[j]] - length[chosen[j]])
+            abs_error += _pairwise(err, 0, n_chosen)
+            decodes += n_chosen
+        duration = _step_time(kind, pi, pf, prefill_tokens, prefill_sq, n_chosen, context)
+        duration += 0.0            # the null step charge of a free predictor
+        end = now + duration
+        # land (RequestTable.land) and retire (RequestTable.retire)
+        n_done = 0
+        for j in range(n_chosen):
+            r = chosen[j]
+            generated[r] += 1
+            last_served[r] = step
+            if j < n_forced:
+                forced_steps[r] += 1
+        kv_used += n_chosen
+        for j in range(n_chosen):
+            r = chosen[j]
+            if generated[r] >= length[r]:
+                finish_s[r] = end
+                n_done += 1
+                kv_used -= prompt[r] + length[r]
+        for j in range(n_admit):
+            admit_s[admit[j]] = now
+        kv_used += prefill_tokens
+        for j in range(n_admit):
+            r = admit[j]
+            first_token_s[r] = end
+            generated[r] = 1
+            last_served[r] = step
+        kv_used += n_admit
+        for j in range(n_admit):
+            r = admit[j]
+            if length[r] <= 1:
+                finish_s[r] = end
+                n_done += 1
+                kv_used -= prompt[r] + length[r]
+        finished += n_done
+        # resident: drop the finished, merge the new (in row order)
+        if n_done:
+            m = 0
+            for j in range(n_res):
+                r = resident[j]
+                if not (finish_s[r] == finish_s[r]):   # still running (nan finish time)
+                    resident[m] = r
+                    m += 1
+            n_res = m
+        if n_admit:
+            n_new = 0
+            for j in range(n_admit):
+                r = admit[j]
+                if length[r] > 1:
+                    # insertion sort of the new rows (few per step)
+                    b = n_new - 1
+                    while b >= 0 and scratch_rows[b] > r:
+                        scratch_rows[b + 1] = scratch_rows[b]
+                        b -= 1
+                    scratch_rows[b + 1] = r
+                    n_new += 1
+            if n_new:
+                a, b, m = n_res - 1, n_new - 1, n_res + n_new - 1
+                while b >= 0:
+                    if a >= 0 and resident[a] > scratch_rows[b]:
+                        resident[m] = resident[a]
+                        a -= 1
+                    else:
+                        resident[m] = scratch_rows[b]
+                        b -= 1
+                    m -= 1
+                n_res += n_new
+        now = end
+        step += 1
+        done_steps += 1
+    ist[S_STEP], ist[S_FINISHED], ist[S_ARRIVED], ist[S_SCORED] = step, finished, arrived, scored
+    ist[S_N_ADMITTED], ist[S_N_RES], ist[S_KV_USED], ist[S_HEAP] = n_admitted, n_res, kv_used, heap
+    ist[S_CONTENDED], ist[S_DECODES], ist[S_STATUS] = contended, decodes, status
+    fst[F_NOW], fst[F_ABS_ERROR] = now, abs_error
+    return done_steps
+
+
+if numba is not None:
+    _jit = numba.njit(cache=True, nogil=True)
+    _dl_split = _jit(_dl_split)
+    _dl_mul = _jit(_dl_mul)
+    _py_hypot = _jit(_py_hypot)
+    _pairwise = _jit(_pairwise)
+    _step_time = _jit(_step_time)
+    _before = _jit(_before)
+    _heap_push = _jit(_heap_push)
+    _heap_pop = _jit(_heap_pop)
+    _worst_sift_down = _jit(_worst_sift_down)
+    _worst_sift_up = _jit(_worst_sift_up)
+    _rank_into = _jit(_rank_into)
+    run_steps = _jit(_run_steps)
+else:   # pragma: no cover
+    run_steps = _run_steps
+
+
+class CompiledRun:
+    """One run's compiled state over a :class:`simulator.requests.RequestTable` (its arrays are
+    written in place, so the run's result is read from the table as the reference engine's is)."""
+
+    def __init__(self, sim, table):
+        self.table, cfg, n = table, sim.config, table.n
+        self.has_pred = sim.predictor is not None
+        if self.has_pred:   # estimates fixed per row at bind time (oracle, noisy-oracle)
+            from predictors.base import Known
+            self.predicted = np.ascontiguousarray(
+                sim.predictor.predict(np.arange(n), Known(arrived=0, finished=0)), dtype=np.float64)
+        else:
+            self.predicted = np.zeros(n, dtype=np.float64)
+        self.ordered = self.has_pred and sim.policy.uses_predictions
+        self.keys_on = sim.policy.name == "countdown"
+        self.cfg = cfg
+        self.kind, self.pi, self.pf = profile_coefficients(sim.profile)
+        slots = cfg.decode_slots
+        width = max(cfg.max_resident, slots) + 1
+        self.resident = np.empty(width, dtype=np.int64)
+        self.heap_keys = np.empty(max(n, 1), dtype=np.float64)
+        self.heap_rows = np.empty(max(n, 1), dtype=np.int64)
+        self.scratch = np.empty(width, dtype=np.int64)
+        self.chosen = np.empty(width, dtype=np.int64)
+        self.admit = np.empty(width, dtype=np.int64)
+        self.worst_keys = np.empty(width, dtype=np.float64)
+        self.worst_rows = np.empty(width, dtype=np.int64)
+        self.err = np.empty(width, dtype=np.float64)
+        self.ist = np.zeros(N_INT_STATE, dtype=np.int64)
+        self.fst = np.zeros(N_FLOAT_STATE, dtype=np.float64)
+
+    def advance(self, max_steps: int) -> int:
+        t, cfg = self.table, self.cfg
+        return int(run_steps(
+            max_steps, t.arrival, t.prompt, t.length, self.predicted, self.has_pred, self.ordered, self.keys_on,
+            cfg.decode_slots, cfg.wait_cap, cfg.prefill_token_budget, cfg.decodes_in_budget,
+            -1 if cfg.kv_token_budget is None else cfg.kv_token_budget, cfg.max_resident,
+            self.kind, self.pi, self.pf,
+            t.generated, t.last_served, t.forced_steps, t.admitted, t.admit_s, t.first_token_s, t.finish_s,
+            t.first_predicted, t.ready_s, self.resident, self.heap_keys, self.heap_rows, self.scratch,
+            self.chosen, self.admit, self.worst_keys, self.worst_rows, self.err, self.ist, self.fst))
+
+    @property
+    def now(self) -> float:
+        return float(self.fst[F_NOW])
+
+    @property
+    def finished(self) -> int:
+        return int(self.ist[S_FINISHED])
+
+    @property
+    def steps(self) -> int:
+        return int(self.ist[S_STEP])
+
+    @property
+    def contended(self) -> int:
+        return int(self.ist[S_CONTENDED])
+
+    @property
+    def mae_in_use(self) -> float | None:
+        decodes = int(self.ist[S_DECODES])
+        return float(self.fst[F_ABS_ERROR]) / decodes if self.has_pred and decodes else None
+
+    def step_process(self, env, progress=None):
+        """The SimPy process: a chunk of compiled steps, then the simulated clock catches up."""
+        from simulator.scheduler import SimulationStalled
+
+        n = self.table.n
+        while self.finished < n:
+            self.advance(CHUNK_STEPS)
+            if self.ist[S_STATUS]:
+                raise SimulationStalled(
+                    f"step {self.steps} at t={self.now:.6g} s admitted and decoded nothing with "
+                    f"{int(self.ist[S_STALL_READY])} resident and {int(self.ist[S_STALL_WAITING])} waiting requests "
+                    f"(decode_slots={self.cfg.decode_slots}, max_resident={self.cfg.max_resident})")
+            yield env.timeout(max(self.now - env.now, 0.0))
+            if progress is not None:
+                progress(self.finished, n)
