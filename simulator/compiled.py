@@ -485,7 +485,7 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, has_pred, ordered,
 
 
 if numba is not None:
-    _jit = numba.njit(cache=True, nogil=True)
+    _jit = numba.njit(nogil=True)   # cache=True: a cached kernel crashed on reload (numba 0.65); compiled per process
     _dl_split = _jit(_dl_split)
     _dl_mul = _jit(_dl_mul)
     _py_hypot = _jit(_py_hypot)

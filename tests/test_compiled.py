@@ -1,0 +1,91 @@
+"""The compiled step replays the reference engine byte for byte (``simulate --kernel compiled``).
+
+Hypothesis workloads (the invariant tests' strategies) and real traces run under both kernels; every
+per-request array, the step count, the contended steps, the in-use error and the summary (less
+``sim_cpu_s``) must be identical. Configurations the kernel does not cover must say so and give the
+reference engine's numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+pytest.importorskip("numba")
+
+from core.trace import trace_from_arrays  # noqa: E402
+from policies import make_policy  # noqa: E402
+from simulator.engine import Simulation  # noqa: E402
+from simulator.profiles import make_profile  # noqa: E402
+from simulator.profiles.unit import UnitProfile  # noqa: E402
+from simulator.runner import RunConfig, execute, prepare  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_invariants import HYPO, cases, make_predictor_for  # noqa: E402
+
+ARRAYS = ("arrival_s", "admit_s", "first_token_s", "finish_s", "predicted_tokens", "predicted_ready_s",
+          "forced_steps", "rows_request_id", "output_tokens")
+SCALARS = ("steps", "contended_steps", "mae_in_use", "gpu_s_charged", "predictor_cpu_s", "updates_published")
+
+
+def assert_identical(ref, comp) -> None:
+    for name in ARRAYS:
+        a, b = np.asarray(getattr(ref, name)), np.asarray(getattr(comp, name))
+        assert a.dtype == b.dtype, name
+        assert (a.tolist() == b.tolist()) if a.dtype == object else a.tobytes() == b.tobytes(), name
+    for name in SCALARS:
+        assert repr(getattr(ref, name)) == repr(getattr(comp, name)), name
+
+
+def simulate(case, kernel: str, profile):
+    wl = trace_from_arrays("hypo", case.prompt, case.output)
+    return Simulation(wl, np.asarray(case.arrival, dtype=np.float64), policy=make_policy(case.policy),
+                      predictor=make_predictor_for(case), profile=profile, config=case.config, seed=case.seed,
+                      kernel=kernel).run()
+
+
+@settings(max_examples=300, **HYPO)
+@given(cases(policies=("fcfs", "countdown"), predictors=("oracle", "noisy")))
+def test_compiled_matches_reference_on_hypothesis_workloads(case):
+    case.decodes_in_budget = case.seed % 2 == 1
+    profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
+    assert_identical(simulate(case, "reference", profile), simulate(case, "compiled", profile))
+
+
+@settings(max_examples=100, **HYPO)
+@given(cases(policies=("fcfs",), predictors=("none",)))
+def test_compiled_matches_reference_without_predictor(case):
+    profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
+    assert_identical(simulate(case, "reference", profile), simulate(case, "compiled", profile))
+
+
+@pytest.mark.parametrize("load", [1.0, 2.0])
+@pytest.mark.parametrize(("policy", "predictor"), [("fcfs", "none"), ("countdown", "oracle"),
+                                                   ("countdown", "noisy-oracle")])
+def test_compiled_matches_reference_on_real_trace(policy, predictor, load):
+    config = RunConfig(trace="sharegpt-lengths", predictor=predictor, policy=policy, load=load, requests=2000)
+    runs = {}
+    for kernel in ("reference", "compiled"):
+        summary, result = execute(prepare(dataclasses.replace(config, kernel=kernel)))
+        summary.pop("sim_cpu_s")
+        runs[kernel] = summary, result
+    assert repr(runs["reference"][0]) == repr(runs["compiled"][0])
+    assert_identical(runs["reference"][1], runs["compiled"][1])
+
+
+def test_unsupported_configuration_says_so_and_uses_the_reference(capsys):
+    config = RunConfig(trace="sharegpt-lengths", predictor="oracle", policy="aging", load=1.0, requests=200)
+    ref_summary, ref = execute(prepare(config))
+    comp_summary, comp = execute(prepare(dataclasses.replace(config, kernel="compiled")))
+    assert "--kernel compiled: policy 'aging' is not compiled" in capsys.readouterr().err
+    assert_identical(ref, comp)
+
+
+def test_unknown_kernel_is_refused():
+    with pytest.raises(ValueError, match="unknown kernel"):
+        RunConfig(trace="sharegpt-lengths", kernel="fast")
