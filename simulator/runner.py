@@ -200,7 +200,7 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
         if config.arrivals.kind == "closed":
             window = config.arrivals.window or recorded_window(trace)
     else:
-        capacity = measure_capacity(workload, profile, engine_config)
+        capacity = measure_capacity(workload, profile, engine_config, kernel=config.kernel)
         assert config.load is not None   # RunConfig refuses a rate-driven run without a load
         rate = config.load * capacity
         arrival_s = make_arrivals(config.arrivals, workload, rate, config.seed)
