@@ -21,6 +21,8 @@ import math
 
 import numpy as np
 
+from predictors.base import Known
+
 try:   # numba is optional: without it, --kernel compiled falls back to the reference engine
     import numba
 except ImportError:   # pragma: no cover -- exercised on machines without numba
@@ -35,17 +37,24 @@ REMAINING_FLOOR = 0.5            # policies.countdown.REMAINING_FLOOR (checked a
 
 # integer state slots
 S_STEP, S_FINISHED, S_ARRIVED, S_SCORED, S_N_ADMITTED, S_N_RES, S_KV_USED, S_HEAP, S_CONTENDED, \
-    S_DECODES, S_STATUS, S_STALL_READY, S_STALL_WAITING = range(13)
-N_INT_STATE = 13
+    S_DECODES, S_STATUS, S_STALL_READY, S_STALL_WAITING, S_PY_SCORED = range(14)
+N_INT_STATE = 14
 # float state slots
-F_NOW, F_ABS_ERROR = range(2)
-N_FLOAT_STATE = 2
+F_NOW, F_ABS_ERROR, F_CHARGE = range(3)
+N_FLOAT_STATE = 3
+# kernel exit status
+DONE_OR_CHUNK, STALLED, NEEDS_SCORES = 0, 1, 2
+# decode keys: row order (FCFS), countdown's remaining length, a rank predictor's static score
+KEY_ROW, KEY_REMAINING, KEY_SCORE = 0, 1, 2
+# how estimates reach the kernel
+PRED_NONE, PRED_STATIC, PRED_PYTHON = 0, 1, 2
 
 
 def unsupported(sim) -> str | None:
     """Why the compiled kernel cannot replay ``sim`` exactly (None: it can)."""
     from policies.countdown import Countdown
     from policies.fcfs import FCFS
+    from predictors.base import Predictor
     from predictors.noisy_oracle import NoisyOracle
     from predictors.oracle import Oracle
     from simulator.profiles.fitted import FittedProfile
@@ -56,10 +65,16 @@ def unsupported(sim) -> str | None:
         return "numba is not installed"
     if type(sim.policy) not in (FCFS, Countdown):
         return f"policy {sim.policy.name!r} is not compiled (fcfs and countdown are)"
-    if sim.predictor is not None and type(sim.predictor) not in (Oracle, NoisyOracle):
-        return f"predictor {sim.predictor.name!r} needs Python during the run (oracle and noisy-oracle are compiled)"
-    if sim.predictor is not None and sim.charge_cost and sim.predictor_cost.charges_gpu:
-        return "the predictor charges GPU time"
+    p = sim.predictor
+    if p is not None and type(p) not in (Oracle, NoisyOracle):
+        if p.stage != "arrival":
+            return f"predictor {p.name!r} predicts after prefill (arrival-stage predictors are compiled)"
+        if p.refresh_every:
+            return f"predictor {p.name!r} refreshes during decode"
+        if type(p).after_prefill is not Predictor.after_prefill:
+            return f"predictor {p.name!r} re-estimates after prefill"
+        if type(p).feedback is not Predictor.feedback:
+            return f"predictor {p.name!r} learns online"
     if type(sim.profile) not in (RooflineProfile, FittedProfile, UnitProfile):
         return f"engine profile {sim.profile.name!r} is not compiled"
     if type(sim.profile) is FittedProfile and not all(
@@ -258,16 +273,19 @@ def _worst_sift_up(wk, wr, i):
 def _rank_into(out, start, rows, m, k, keys_on, predicted, generated, wk, wr):
     """The first k of rows[:m] (row-ordered) by countdown key, written in (key, row) order to
     out[start:start+k]; FCFS (keys off): the first k in row order."""
-    if not keys_on:
+    if keys_on == KEY_ROW:
         for j in range(k):
             out[start + j] = rows[j]
         return
     size = 0
     for j in range(m):
         r = rows[j]
-        key = predicted[r] - generated[r]
-        if key < REMAINING_FLOOR:
-            key = REMAINING_FLOOR
+        if keys_on == KEY_SCORE:
+            key = predicted[r]
+        else:
+            key = predicted[r] - generated[r]
+            if key < REMAINING_FLOOR:
+                key = REMAINING_FLOOR
         if size < k:
             wk[size], wr[size] = key, r
             _worst_sift_up(wk, wr, size)
@@ -282,7 +300,7 @@ def _rank_into(out, start, rows, m, k, keys_on, predicted, generated, wk, wr):
         _worst_sift_down(wk, wr, end, 0)
 
 
-def _run_steps(max_steps, arrival, prompt, length, predicted, has_pred, ordered, keys_on,
+def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered, keys_on,
                decode_slots, wait_cap, prefill_budget, decodes_in_budget, kv_budget, max_resident,
                kind, pi, pf,
                generated, last_served, forced_steps, admitted, admit_s, first_token_s, finish_s,
@@ -293,7 +311,8 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, has_pred, ordered,
     step, finished, arrived, scored = ist[S_STEP], ist[S_FINISHED], ist[S_ARRIVED], ist[S_SCORED]
     n_admitted, n_res, kv_used, heap = ist[S_N_ADMITTED], ist[S_N_RES], ist[S_KV_USED], ist[S_HEAP]
     contended, decodes = ist[S_CONTENDED], ist[S_DECODES]
-    now, abs_error = fst[F_NOW], fst[F_ABS_ERROR]
+    now, abs_error, charge = fst[F_NOW], fst[F_ABS_ERROR], fst[F_CHARGE]
+    has_pred = pred_mode != PRED_NONE
     done_steps = 0
     status = 0
     while finished < n and done_steps < max_steps:
@@ -302,11 +321,15 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, has_pred, ordered,
         if n_res == 0 and n_admitted >= arrived:   # idle: wait for the next arrival
             now = now + (arrival[arrived] - now)
             continue
-        # arrival-stage scores (fixed per row) become usable now
+        if pred_mode == PRED_PYTHON and ist[S_PY_SCORED] < arrived:
+            status = NEEDS_SCORES   # the predictor scores rows [scored, arrived) in Python, at `now`
+            break
+        # arrival-stage scores become usable now (fixed per row: written here; else by Python)
         while scored < arrived:
-            if has_pred:
+            if pred_mode == PRED_STATIC:
                 first_predicted[scored] = predicted[scored]
                 ready_s[scored] = now
+            if has_pred:
                 if ordered:
                     heap = _heap_push(hk, hr, heap, predicted[scored], scored)
             scored += 1
@@ -385,7 +408,7 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, has_pred, ordered,
                 admitted[admit[j]] = True
             n_admitted += n_admit
         if n_admit == 0 and n_chosen == 0:
-            status = 1
+            status = STALLED
             ist[S_STALL_READY] = n_res
             ist[S_STALL_WAITING] = waiting
             break
@@ -409,7 +432,8 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, has_pred, ordered,
             abs_error += _pairwise(err, 0, n_chosen)
             decodes += n_chosen
         duration = _step_time(kind, pi, pf, prefill_tokens, prefill_sq, n_chosen, context)
-        duration += 0.0            # the null step charge of a free predictor
+        duration += charge         # the predictor's GPU debt (0.0 for a free one)
+        charge = 0.0
         end = now + duration
         # land (RequestTable.land) and retire (RequestTable.retire)
         n_done = 0
@@ -480,7 +504,8 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, has_pred, ordered,
     ist[S_STEP], ist[S_FINISHED], ist[S_ARRIVED], ist[S_SCORED] = step, finished, arrived, scored
     ist[S_N_ADMITTED], ist[S_N_RES], ist[S_KV_USED], ist[S_HEAP] = n_admitted, n_res, kv_used, heap
     ist[S_CONTENDED], ist[S_DECODES], ist[S_STATUS] = contended, decodes, status
-    fst[F_NOW], fst[F_ABS_ERROR] = now, abs_error
+    ist[S_ARRIVED] = arrived
+    fst[F_NOW], fst[F_ABS_ERROR], fst[F_CHARGE] = now, abs_error, charge
     return done_steps
 
 
@@ -506,17 +531,25 @@ class CompiledRun:
     """One run's compiled state over a :class:`simulator.requests.RequestTable` (its arrays are
     written in place, so the run's result is read from the table as the reference engine's is)."""
 
-    def __init__(self, sim, table):
+    def __init__(self, sim, table, driver):
+        from predictors.noisy_oracle import NoisyOracle
+        from predictors.oracle import Oracle
+
         self.table, cfg, n = table, sim.config, table.n
+        self.predictor, self.driver = sim.predictor, driver
         self.has_pred = sim.predictor is not None
-        if self.has_pred:   # estimates fixed per row at bind time (oracle, noisy-oracle)
-            from predictors.base import Known
+        self.track_error = self.has_pred and sim.predictor.output == "length"
+        if not self.has_pred:
+            self.mode, self.predicted = PRED_NONE, np.zeros(n, dtype=np.float64)
+        elif type(sim.predictor) in (Oracle, NoisyOracle):   # estimates fixed per row at bind time
+            self.mode = PRED_STATIC
             self.predicted = np.ascontiguousarray(
                 sim.predictor.predict(np.arange(n), Known(arrived=0, finished=0)), dtype=np.float64)
-        else:
-            self.predicted = np.zeros(n, dtype=np.float64)
+        else:   # scored in Python when rows arrive (PredictionDriver.score_arrivals)
+            self.mode, self.predicted = PRED_PYTHON, table.predicted
         self.ordered = self.has_pred and sim.policy.uses_predictions
-        self.keys_on = sim.policy.name == "countdown"
+        self.keys_on = (KEY_ROW if sim.policy.name == "fcfs" else
+                        KEY_SCORE if sim.predictor.output == "rank" else KEY_REMAINING)
         self.cfg = cfg
         self.kind, self.pi, self.pf = profile_coefficients(sim.profile)
         slots = cfg.decode_slots
@@ -536,7 +569,7 @@ class CompiledRun:
     def advance(self, max_steps: int) -> int:
         t, cfg = self.table, self.cfg
         return int(run_steps(
-            max_steps, t.arrival, t.prompt, t.length, self.predicted, self.has_pred, self.ordered, self.keys_on,
+            max_steps, t.arrival, t.prompt, t.length, self.predicted, self.mode, self.ordered, self.keys_on,
             cfg.decode_slots, cfg.wait_cap, cfg.prefill_token_budget, cfg.decodes_in_budget,
             -1 if cfg.kv_token_budget is None else cfg.kv_token_budget, cfg.max_resident,
             self.kind, self.pi, self.pf,
@@ -563,7 +596,21 @@ class CompiledRun:
     @property
     def mae_in_use(self) -> float | None:
         decodes = int(self.ist[S_DECODES])
-        return float(self.fst[F_ABS_ERROR]) / decodes if self.has_pred and decodes else None
+        return float(self.fst[F_ABS_ERROR]) / decodes if self.track_error and decodes else None
+
+    def score_arrivals(self) -> None:
+        """PredictionDriver.score_arrivals at the kernel's clock: rows that arrived since the last
+        step are scored with what the system knows now; the GPU pays in the next step."""
+        t, d = self.table, self.driver
+        arrived, now = int(self.ist[S_ARRIVED]), self.now
+        rows = np.arange(int(self.ist[S_PY_SCORED]), arrived)
+        t.finished = self.finished
+        t.set_predictions(rows, self.predictor.predict(rows, Known(arrived=arrived, finished=t.finished)), now)
+        debt = d.cost.gpu_s(len(rows), int(t.prompt[rows].sum())) if d.charge_cost else 0.0
+        charge = 0.0 + debt            # step_charge: the debt accumulated since the last step
+        d.gpu_s += charge
+        self.fst[F_CHARGE] = charge
+        self.ist[S_PY_SCORED] = arrived
 
     def step_process(self, env, progress=None):
         """The SimPy process: a chunk of compiled steps, then the simulated clock catches up."""
@@ -572,6 +619,10 @@ class CompiledRun:
         n = self.table.n
         while self.finished < n:
             self.advance(CHUNK_STEPS)
+            if self.ist[S_STATUS] == NEEDS_SCORES:
+                yield env.timeout(max(self.now - env.now, 0.0))
+                self.score_arrivals()
+                continue
             if self.ist[S_STATUS]:
                 raise SimulationStalled(
                     f"step {self.steps} at t={self.now:.6g} s admitted and decoded nothing with "

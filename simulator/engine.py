@@ -176,7 +176,7 @@ class Simulation:
         if self.kernel == "compiled":
             reason = unsupported(self)
             if reason is None:
-                compiled = CompiledRun(self, table)
+                compiled = CompiledRun(self, table, driver)
             else:   # never silently: the numbers are the reference engine's
                 print(f"--kernel compiled: {reason}; this run uses the reference engine", file=sys.stderr)
         if compiled is not None:

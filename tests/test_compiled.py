@@ -20,13 +20,33 @@ pytest.importorskip("numba")
 
 from core.trace import trace_from_arrays  # noqa: E402
 from policies import make_policy  # noqa: E402
+from simulator.compiled import unsupported  # noqa: E402
 from simulator.engine import Simulation  # noqa: E402
 from simulator.profiles import make_profile  # noqa: E402
 from simulator.profiles.unit import UnitProfile  # noqa: E402
 from simulator.runner import RunConfig, execute, prepare  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_invariants import HYPO, cases, make_predictor_for  # noqa: E402
+from test_invariants import HYPO, FixedPredictor, cases, make_predictor_for  # noqa: E402
+
+from predictors.base import Known, PredictorCost  # noqa: E402
+
+
+class QueueAwareCharged(FixedPredictor):
+    """An arrival-stage predictor scored in Python: reads Known, charges the GPU, maybe rank-only."""
+
+    name = "queue-aware"
+
+    def __init__(self, values, output: str):
+        super().__init__(values)
+        self.output = output
+
+    def predict(self, rows, known: Known | None = None):
+        assert known is not None
+        return self._rows[rows] + 0.37 * known.arrived - 0.11 * known.finished
+
+    def cost(self, hardware=None):
+        return PredictorCost(gpu_s_per_call=0.013, gpu_s_per_request=0.0021, gpu_s_per_prompt_token=1.7e-5)
 
 ARRAYS = ("arrival_s", "admit_s", "first_token_s", "finish_s", "predicted_tokens", "predicted_ready_s",
           "forced_steps", "rows_request_id", "output_tokens")
@@ -42,15 +62,27 @@ def assert_identical(ref, comp) -> None:
         assert repr(getattr(ref, name)) == repr(getattr(comp, name)), name
 
 
-def simulate(case, kernel: str, profile):
+def simulate(case, kernel: str, profile, predictor=None):
     wl = trace_from_arrays("hypo", case.prompt, case.output)
-    return Simulation(wl, np.asarray(case.arrival, dtype=np.float64), policy=make_policy(case.policy),
-                      predictor=make_predictor_for(case), profile=profile, config=case.config, seed=case.seed,
-                      kernel=kernel).run()
+    sim = Simulation(wl, np.asarray(case.arrival, dtype=np.float64), policy=make_policy(case.policy),
+                     predictor=predictor or make_predictor_for(case), profile=profile, config=case.config,
+                     seed=case.seed, kernel=kernel)
+    assert kernel == "reference" or unsupported(sim) is None   # the kernel really ran
+    return sim.run()
+
+
+@settings(max_examples=150, **HYPO)
+@given(cases(policies=("fcfs", "countdown"), predictors=("fixed",)))
+def test_compiled_matches_reference_with_python_scored_predictors(case):
+    """Scores computed in Python at each arrival (queue-aware, GPU-charged, length or rank)."""
+    output = "rank" if case.seed % 2 else "length"
+    profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
+    ref = simulate(case, "reference", profile, QueueAwareCharged(case.fixed, output))
+    assert_identical(ref, simulate(case, "compiled", profile, QueueAwareCharged(case.fixed, output)))
 
 
 @settings(max_examples=300, **HYPO)
-@given(cases(policies=("fcfs", "countdown"), predictors=("oracle", "noisy")))
+@given(cases(policies=("fcfs", "countdown"), predictors=("oracle", "noisy", "fixed")))
 def test_compiled_matches_reference_on_hypothesis_workloads(case):
     case.decodes_in_budget = case.seed % 2 == 1
     profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
@@ -71,7 +103,9 @@ def test_compiled_matches_reference_on_real_trace(policy, predictor, load):
     config = RunConfig(trace="sharegpt-lengths", predictor=predictor, policy=policy, load=load, requests=2000)
     runs = {}
     for kernel in ("reference", "compiled"):
-        summary, result = execute(prepare(dataclasses.replace(config, kernel=kernel)))
+        prepared = prepare(dataclasses.replace(config, kernel=kernel))
+        assert unsupported(prepared.simulation) is None
+        summary, result = execute(prepared)
         summary.pop("sim_cpu_s")
         runs[kernel] = summary, result
     assert repr(runs["reference"][0]) == repr(runs["compiled"][0])
