@@ -37,8 +37,8 @@ REMAINING_FLOOR = 0.5            # policies.countdown.REMAINING_FLOOR (checked a
 
 # integer state slots
 S_STEP, S_FINISHED, S_ARRIVED, S_SCORED, S_N_ADMITTED, S_N_RES, S_KV_USED, S_HEAP, S_CONTENDED, \
-    S_DECODES, S_STATUS, S_STALL_READY, S_STALL_WAITING, S_PY_SCORED = range(14)
-N_INT_STATE = 14
+    S_DECODES, S_STATUS, S_STALL_READY, S_STALL_WAITING, S_PY_SCORED, S_PARTIAL, S_RELEASED = range(16)
+N_INT_STATE = 16
 # float state slots
 F_NOW, F_ABS_ERROR, F_CHARGE = range(3)
 N_FLOAT_STATE = 3
@@ -80,10 +80,6 @@ def unsupported(sim) -> str | None:
     if type(sim.profile) is FittedProfile and not all(
             isinstance(v, float) for v in [sim.profile._a, *sim.profile._w]):
         return "the fitted profile has non-float coefficients"
-    if sim.config.chunked_prefill:
-        return "chunked prefill is not compiled"
-    if sim.closed_loop is not None:
-        return "closed-loop arrivals are not compiled"
     if sim.record_steps:
         return "step logs are recorded by the reference engine only"
     return None
@@ -301,16 +297,16 @@ def _rank_into(out, start, rows, m, k, keys_on, predicted, generated, wk, wr):
 
 
 def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered, keys_on,
-               decode_slots, wait_cap, prefill_budget, decodes_in_budget, kv_budget, max_resident,
+               decode_slots, wait_cap, prefill_budget, decodes_in_budget, kv_budget, max_resident, chunked,
                kind, pi, pf,
                generated, last_served, forced_steps, admitted, admit_s, first_token_s, finish_s,
-               first_predicted, ready_s, resident, hk, hr, scratch_rows, chosen, admit, wk, wr, err,
-               ist, fst):
+               first_predicted, ready_s, prefilled, resident, hk, hr, scratch_rows, chosen, admit, firsts,
+               wk, wr, err, ist, fst):
     """Advance the engine up to ``max_steps`` steps (``simulator.engine.Simulation._step_loop``)."""
     n = arrival.shape[0]
     step, finished, arrived, scored = ist[S_STEP], ist[S_FINISHED], ist[S_ARRIVED], ist[S_SCORED]
     n_admitted, n_res, kv_used, heap = ist[S_N_ADMITTED], ist[S_N_RES], ist[S_KV_USED], ist[S_HEAP]
-    contended, decodes = ist[S_CONTENDED], ist[S_DECODES]
+    contended, decodes, partial, released = ist[S_CONTENDED], ist[S_DECODES], ist[S_PARTIAL], ist[S_RELEASED]
     now, abs_error, charge = fst[F_NOW], fst[F_ABS_ERROR], fst[F_CHARGE]
     has_pred = pred_mode != PRED_NONE
     done_steps = 0
@@ -318,7 +314,7 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
     while finished < n and done_steps < max_steps:
         while arrived < n and arrival[arrived] <= now:
             arrived += 1
-        if n_res == 0 and n_admitted >= arrived:   # idle: wait for the next arrival
+        if n_res == 0 and partial < 0 and n_admitted >= arrived:   # idle: wait for the next arrival
             now = now + (arrival[arrived] - now)
             continue
         if pred_mode == PRED_PYTHON and ist[S_PY_SCORED] < arrived:
@@ -376,10 +372,16 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
                 _rank_into(chosen, 0, resident, n_res, decode_slots, keys_on, predicted, generated, wk, wr)
                 n_chosen = decode_slots
         budget = prefill_budget - (n_chosen if decodes_in_budget else 0)
+        carried = partial
+        carried_chunk = 0
+        if carried >= 0:   # a partly prefilled prompt continues before new admissions
+            left = prompt[carried] - prefilled[carried]
+            carried_chunk = left if left < (budget if budget > 0 else 0) else (budget if budget > 0 else 0)
+            budget -= carried_chunk
         waiting = arrived - n_admitted
-        # admission (Scheduler._admit, chunked prefill off)
+        # admission (Scheduler._admit)
         n_admit = 0
-        room = max_resident - n_res
+        room = max_resident - n_res - (1 if partial >= 0 else 0)
         if budget > 0 and room > 0 and n_admitted < arrived:
             tokens = 0
             nxt = 0
@@ -393,8 +395,15 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
                     if r >= arrived:
                         break
                 c = tokens + prompt[r]
-                if c > budget and n_admit > 0:
-                    break
+                last = False
+                if c > budget:
+                    if chunked:   # the next one gets what budget is left, as a first chunk
+                        if tokens < budget:
+                            last = True
+                        else:
+                            break
+                    elif n_admit > 0:   # strict order; an over-long prompt goes alone
+                        break
                 if kv_budget >= 0 and c > kv_budget - kv_used and not (n_admit == 0 and n_res == 0):
                     break
                 if ordered:
@@ -404,21 +413,55 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
                 admit[n_admit] = r
                 n_admit += 1
                 tokens = c
+                if last:
+                    break
             for j in range(n_admit):
                 admitted[admit[j]] = True
             n_admitted += n_admit
-        if n_admit == 0 and n_chosen == 0:
+        if n_admit == 0 and n_chosen == 0 and carried_chunk == 0:
             status = STALLED
             ist[S_STALL_READY] = n_res
             ist[S_STALL_WAITING] = waiting
             break
         if n_res > decode_slots or (ordered and arrived > n_admitted):
             contended += 1
-        prefill_tokens, prefill_sq = 0, 0
-        for j in range(n_admit):
-            p = prompt[admit[j]]
-            prefill_tokens += p
-            prefill_sq += p * p
+        # prefill (Scheduler._prefill): rows whose prompt completes this step emit their first token
+        prefill_tokens, prefill_sq, n_first = 0, 0, 0
+        if not chunked:
+            for j in range(n_admit):
+                p = prompt[admit[j]]
+                prefill_tokens += p
+                prefill_sq += p * p
+                firsts[j] = admit[j]
+            n_first = n_admit
+        else:
+            before = prefilled[carried] if carried >= 0 else 0
+            prefill_tokens = carried_chunk
+            prefill_sq = carried_chunk * (before + carried_chunk)
+            if carried >= 0:
+                prefilled[carried] += carried_chunk
+                if prefilled[carried] == prompt[carried]:
+                    firsts[0] = carried
+                    n_first = 1
+                    partial = -1
+            cum = 0
+            chunk = 0
+            for j in range(n_admit):
+                r = admit[j]
+                p = prompt[r]
+                rest = budget - cum
+                if rest < 0:
+                    rest = 0
+                chunk = p if p < rest else rest
+                cum += p
+                prefilled[r] = chunk
+                prefill_tokens += chunk
+                prefill_sq += chunk * chunk
+                if chunk == p:
+                    firsts[n_first] = r
+                    n_first += 1
+            if n_admit and chunk < prompt[admit[n_admit - 1]]:
+                partial = admit[n_admit - 1]
         context = 0
         for j in range(n_chosen):
             context += prompt[chosen[j]]
@@ -453,14 +496,14 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
         for j in range(n_admit):
             admit_s[admit[j]] = now
         kv_used += prefill_tokens
-        for j in range(n_admit):
-            r = admit[j]
+        for j in range(n_first):
+            r = firsts[j]
             first_token_s[r] = end
             generated[r] = 1
             last_served[r] = step
-        kv_used += n_admit
-        for j in range(n_admit):
-            r = admit[j]
+        kv_used += n_first
+        for j in range(n_first):
+            r = firsts[j]
             if length[r] <= 1:
                 finish_s[r] = end
                 n_done += 1
@@ -475,10 +518,10 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
                     resident[m] = r
                     m += 1
             n_res = m
-        if n_admit:
+        if n_first:
             n_new = 0
-            for j in range(n_admit):
-                r = admit[j]
+            for j in range(n_first):
+                r = firsts[j]
                 if length[r] > 1:
                     # insertion sort of the new rows (few per step)
                     b = n_new - 1
@@ -498,12 +541,18 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
                         b -= 1
                     m -= 1
                 n_res += n_new
+        if released < n and n_done:   # closed loop: each completion submits the next row
+            fresh = n_done if n_done < n - released else n - released
+            for j in range(released, released + fresh):
+                arrival[j] = end
+            released += fresh
         now = end
         step += 1
         done_steps += 1
     ist[S_STEP], ist[S_FINISHED], ist[S_ARRIVED], ist[S_SCORED] = step, finished, arrived, scored
     ist[S_N_ADMITTED], ist[S_N_RES], ist[S_KV_USED], ist[S_HEAP] = n_admitted, n_res, kv_used, heap
     ist[S_CONTENDED], ist[S_DECODES], ist[S_STATUS] = contended, decodes, status
+    ist[S_PARTIAL], ist[S_RELEASED] = partial, released
     ist[S_ARRIVED] = arrived
     fst[F_NOW], fst[F_ABS_ERROR], fst[F_CHARGE] = now, abs_error, charge
     return done_steps
@@ -560,10 +609,13 @@ class CompiledRun:
         self.scratch = np.empty(width, dtype=np.int64)
         self.chosen = np.empty(width, dtype=np.int64)
         self.admit = np.empty(width, dtype=np.int64)
+        self.firsts = np.empty(width + 1, dtype=np.int64)
         self.worst_keys = np.empty(width, dtype=np.float64)
         self.worst_rows = np.empty(width, dtype=np.int64)
         self.err = np.empty(width, dtype=np.float64)
         self.ist = np.zeros(N_INT_STATE, dtype=np.int64)
+        self.ist[S_PARTIAL] = -1
+        self.ist[S_RELEASED] = table.released
         self.fst = np.zeros(N_FLOAT_STATE, dtype=np.float64)
 
     def advance(self, max_steps: int) -> int:
@@ -571,11 +623,11 @@ class CompiledRun:
         return int(run_steps(
             max_steps, t.arrival, t.prompt, t.length, self.predicted, self.mode, self.ordered, self.keys_on,
             cfg.decode_slots, cfg.wait_cap, cfg.prefill_token_budget, cfg.decodes_in_budget,
-            -1 if cfg.kv_token_budget is None else cfg.kv_token_budget, cfg.max_resident,
+            -1 if cfg.kv_token_budget is None else cfg.kv_token_budget, cfg.max_resident, cfg.chunked_prefill,
             self.kind, self.pi, self.pf,
             t.generated, t.last_served, t.forced_steps, t.admitted, t.admit_s, t.first_token_s, t.finish_s,
-            t.first_predicted, t.ready_s, self.resident, self.heap_keys, self.heap_rows, self.scratch,
-            self.chosen, self.admit, self.worst_keys, self.worst_rows, self.err, self.ist, self.fst))
+            t.first_predicted, t.ready_s, t.prefilled, self.resident, self.heap_keys, self.heap_rows, self.scratch,
+            self.chosen, self.admit, self.firsts, self.worst_keys, self.worst_rows, self.err, self.ist, self.fst))
 
     @property
     def now(self) -> float:

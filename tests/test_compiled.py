@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("numba")
 
@@ -66,7 +67,7 @@ def simulate(case, kernel: str, profile, predictor=None):
     wl = trace_from_arrays("hypo", case.prompt, case.output)
     sim = Simulation(wl, np.asarray(case.arrival, dtype=np.float64), policy=make_policy(case.policy),
                      predictor=predictor or make_predictor_for(case), profile=profile, config=case.config,
-                     seed=case.seed, kernel=kernel)
+                     seed=case.seed, kernel=kernel, closed_loop=case.closed_loop)
     assert kernel == "reference" or unsupported(sim) is None   # the kernel really ran
     return sim.run()
 
@@ -85,6 +86,28 @@ def test_compiled_matches_reference_with_python_scored_predictors(case):
 @given(cases(policies=("fcfs", "countdown"), predictors=("oracle", "noisy", "fixed")))
 def test_compiled_matches_reference_on_hypothesis_workloads(case):
     case.decodes_in_budget = case.seed % 2 == 1
+    profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
+    assert_identical(simulate(case, "reference", profile), simulate(case, "compiled", profile))
+
+
+@st.composite
+def vllm_cases(draw):
+    """As ``test_invariants.vllm_cases`` (chunked prefill, decodes in the budget, closed loop), on the
+    compiled policies."""
+    case = draw(cases(policies=("fcfs", "countdown"), predictors=("oracle", "noisy", "fixed")))
+    case.chunked_prefill = draw(st.booleans())
+    case.decodes_in_budget = draw(st.booleans())
+    if draw(st.booleans()):
+        case.closed_loop = draw(st.integers(min_value=1, max_value=len(case.prompt) + 2))
+        case.arrival = [case.arrival[0]] * len(case.prompt)
+    if not (case.chunked_prefill or case.decodes_in_budget or case.closed_loop):
+        case.chunked_prefill = True
+    return case
+
+
+@settings(max_examples=300, **HYPO)
+@given(vllm_cases())
+def test_compiled_matches_reference_under_vllm_v1_scheduling(case):
     profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
     assert_identical(simulate(case, "reference", profile), simulate(case, "compiled", profile))
 
