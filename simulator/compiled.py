@@ -4,8 +4,11 @@ The reference engine (:mod:`simulator.engine`) stays the definition; this kernel
 same float64 arithmetic in the same order, so its outputs are byte-identical (the identity tests in
 ``tests/test_compiled.py`` hold it to that). It covers runs whose decisions need no Python between
 arrivals: no predictor or a predictor whose estimate of every row is fixed at bind time (``oracle``,
-``noisy-oracle``), FCFS or countdown, the roofline / fitted / unit profiles, without chunked
-prefill, closed loop or step logs. Anything else runs on the reference engine, and
+``noisy-oracle``) or scored in Python when rows arrive (other arrival-stage predictors without
+refreshes, prefill re-estimates or online learning), FCFS or countdown, the roofline / fitted / unit
+profiles, chunked prefill and closed loop included, without step logs. Anything else (prefill-stage
+predictors such as leap and leap-rls, TRAIL, aging and the starvation policies) runs on the
+reference engine, and
 :func:`unsupported` says why. Without numba the compiled kernel is unavailable and every run uses
 the reference engine (the pure-numpy path).
 
@@ -617,6 +620,7 @@ class CompiledRun:
         self.ist[S_PARTIAL] = -1
         self.ist[S_RELEASED] = table.released
         self.fst = np.zeros(N_FLOAT_STATE, dtype=np.float64)
+        self.advance(0)   # compiles the kernel (once per process) before the run's clock starts
 
     def advance(self, max_steps: int) -> int:
         t, cfg = self.table, self.cfg

@@ -135,6 +135,26 @@ def test_compiled_matches_reference_on_real_trace(policy, predictor, load):
     assert_identical(runs["reference"][1], runs["compiled"][1])
 
 
+@pytest.mark.parametrize(("policy", "predictor"), [("fcfs", "none"), ("countdown", "oracle")])
+@pytest.mark.parametrize("arrivals", ["closed", "poisson"])
+def test_compiled_matches_reference_on_recorded_preset(policy, predictor, arrivals):
+    """The recorded serving setup: chunked prefill, decodes in the budget, closed-loop batch replay."""
+    from simulator.workload import ArrivalSpec
+
+    config = RunConfig(trace="sharegpt", predictor=predictor, policy=policy, preset="recorded",
+                       arrivals=ArrivalSpec.parse(arrivals), load=None if arrivals == "closed" else 1.5)
+    runs = {}
+    for kernel in ("reference", "compiled"):
+        prepared = prepare(dataclasses.replace(config, kernel=kernel))
+        assert prepared.simulation.config.chunked_prefill
+        assert unsupported(prepared.simulation) is None
+        summary, result = execute(prepared)
+        summary.pop("sim_cpu_s")
+        runs[kernel] = summary, result
+    assert repr(runs["reference"][0]) == repr(runs["compiled"][0])
+    assert_identical(runs["reference"][1], runs["compiled"][1])
+
+
 def test_unsupported_configuration_says_so_and_uses_the_reference(capsys):
     config = RunConfig(trace="sharegpt-lengths", predictor="oracle", policy="aging", load=1.0, requests=200)
     ref_summary, ref = execute(prepare(config))
