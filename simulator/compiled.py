@@ -12,9 +12,11 @@ reference engine, and
 :func:`unsupported` says why. Without numba the compiled kernel is unavailable and every run uses
 the reference engine (the pure-numpy path).
 
-The kernel keeps the resident set in row order, picks the decode slots with a bounded heap keyed by
-(key, row) (the reference's stable argsort order, without sorting the whole set), and keeps the
-waiting requests of a policy-ordered admission in a persistent heap keyed by (predicted, row).
+The kernel keeps the resident set in row order and, for countdown, also in a persistent array sorted
+by (key, row) (the reference's stable argsort order): a step decodes its prefix, whose keys are the
+only ones that fall, so re-sorting the prefix keeps the order (no full sort per step). The residents
+also sit in a list by last service, so the wait cap's starvation scan runs only when its head starves.
+Waiting requests of a policy-ordered admission sit in a persistent heap keyed by (predicted, row).
 The SimPy process around it (:func:`step_process`) advances the simulated clock per chunk of steps.
 """
 
@@ -40,8 +42,9 @@ REMAINING_FLOOR = 0.5            # policies.countdown.REMAINING_FLOOR (checked a
 
 # integer state slots
 S_STEP, S_FINISHED, S_ARRIVED, S_SCORED, S_N_ADMITTED, S_N_RES, S_KV_USED, S_HEAP, S_CONTENDED, \
-    S_DECODES, S_STATUS, S_STALL_READY, S_STALL_WAITING, S_PY_SCORED, S_PARTIAL, S_RELEASED = range(16)
-N_INT_STATE = 16
+    S_DECODES, S_STATUS, S_STALL_READY, S_STALL_WAITING, S_PY_SCORED, S_PARTIAL, S_RELEASED, \
+    S_LRU_HEAD, S_LRU_TAIL = range(18)
+N_INT_STATE = 18
 # float state slots
 F_NOW, F_ABS_ERROR, F_CHARGE = range(3)
 N_FLOAT_STATE = 3
@@ -201,6 +204,14 @@ def _step_time(kind, pi, pf, prefill_tokens, prefill_sq, decode_batch, decode_co
     return 1.0
 
 
+def _key(r, keys_on, predicted, generated):
+    """The policy's decode key of row r (policies.countdown.remaining)."""
+    if keys_on == KEY_SCORE:
+        return predicted[r]
+    key = predicted[r] - generated[r]
+    return key if key > REMAINING_FLOOR else REMAINING_FLOOR
+
+
 def _before(ka, ra, kb, rb):
     """(key, row) order: the reference's stable sort by key, ties in row order."""
     return ka < kb or (ka == kb and ra < rb)
@@ -241,75 +252,18 @@ def _heap_pop(hk, hr, size):
     return size
 
 
-def _worst_sift_down(wk, wr, size, i):
-    """Max-heap by (key, row): the worst of the kept candidates at the root."""
-    while True:
-        left = 2 * i + 1
-        if left >= size:
-            break
-        child = left
-        if left + 1 < size and _before(wk[left], wr[left], wk[left + 1], wr[left + 1]):
-            child = left + 1
-        if _before(wk[i], wr[i], wk[child], wr[child]):
-            wk[i], wk[child] = wk[child], wk[i]
-            wr[i], wr[child] = wr[child], wr[i]
-            i = child
-        else:
-            break
-
-
-def _worst_sift_up(wk, wr, i):
-    while i > 0:
-        parent = (i - 1) // 2
-        if _before(wk[parent], wr[parent], wk[i], wr[i]):
-            wk[i], wk[parent] = wk[parent], wk[i]
-            wr[i], wr[parent] = wr[parent], wr[i]
-            i = parent
-        else:
-            break
-
-
-def _rank_into(out, start, rows, m, k, keys_on, predicted, generated, wk, wr):
-    """The first k of rows[:m] (row-ordered) by countdown key, written in (key, row) order to
-    out[start:start+k]; FCFS (keys off): the first k in row order."""
-    if keys_on == KEY_ROW:
-        for j in range(k):
-            out[start + j] = rows[j]
-        return
-    size = 0
-    for j in range(m):
-        r = rows[j]
-        if keys_on == KEY_SCORE:
-            key = predicted[r]
-        else:
-            key = predicted[r] - generated[r]
-            if key < REMAINING_FLOOR:
-                key = REMAINING_FLOOR
-        if size < k:
-            wk[size], wr[size] = key, r
-            _worst_sift_up(wk, wr, size)
-            size += 1
-        elif _before(key, r, wk[0], wr[0]):
-            wk[0], wr[0] = key, r
-            _worst_sift_down(wk, wr, size, 0)
-    # heap sort the kept ones: repeatedly move the worst to the end
-    for end in range(size - 1, -1, -1):
-        out[start + end] = wr[0]
-        wk[0], wr[0] = wk[end], wr[end]
-        _worst_sift_down(wk, wr, end, 0)
-
-
 def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered, keys_on,
                decode_slots, wait_cap, prefill_budget, decodes_in_budget, kv_budget, max_resident, chunked,
                kind, pi, pf,
                generated, last_served, forced_steps, admitted, admit_s, first_token_s, finish_s,
                first_predicted, ready_s, prefilled, resident, hk, hr, scratch_rows, chosen, admit, firsts,
-               wk, wr, err, ist, fst):
+               err, ord_rows, ord_keys, lru_prev, lru_next, ist, fst):
     """Advance the engine up to ``max_steps`` steps (``simulator.engine.Simulation._step_loop``)."""
     n = arrival.shape[0]
     step, finished, arrived, scored = ist[S_STEP], ist[S_FINISHED], ist[S_ARRIVED], ist[S_SCORED]
     n_admitted, n_res, kv_used, heap = ist[S_N_ADMITTED], ist[S_N_RES], ist[S_KV_USED], ist[S_HEAP]
     contended, decodes, partial, released = ist[S_CONTENDED], ist[S_DECODES], ist[S_PARTIAL], ist[S_RELEASED]
+    lru_head, lru_tail = ist[S_LRU_HEAD], ist[S_LRU_TAIL]
     now, abs_error, charge = fst[F_NOW], fst[F_ABS_ERROR], fst[F_CHARGE]
     has_pred = pred_mode != PRED_NONE
     done_steps = 0
@@ -334,13 +288,16 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
             scored += 1
         # decode choice (policies.selection.choose_decodes)
         n_chosen, n_forced = 0, 0
+        n_res0 = n_res      # residents at step start (= the size of ord_rows)
+        ord_dirty = n_res   # keys changed in ord_rows[:ord_dirty] (all but the common case below)
         if n_res <= decode_slots:
             for j in range(n_res):
                 chosen[j] = resident[j]
             n_chosen = n_res
         else:
             n_starving = 0
-            if wait_cap:
+            # the least recently served resident heads the LRU list: nobody starves unless it does
+            if wait_cap and step - last_served[lru_head] > wait_cap:
                 for j in range(n_res):
                     if step - last_served[resident[j]] > wait_cap:
                         n_starving += 1
@@ -369,10 +326,26 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
                     k = decode_slots - n_forced
                     if k > n_other:
                         k = n_other
-                    _rank_into(chosen, n_forced, scratch_rows, n_other, k, keys_on, predicted, generated, wk, wr)
+                    if keys_on == KEY_ROW:
+                        for j in range(k):
+                            chosen[n_forced + j] = scratch_rows[j]
+                    else:   # the first k non-starving rows in (key, row) order
+                        m2, i = 0, 0
+                        while m2 < k:
+                            r = ord_rows[i]
+                            i += 1
+                            if not (step - last_served[r] > wait_cap):
+                                chosen[n_forced + m2] = r
+                                m2 += 1
                     n_chosen = n_forced + k
             else:
-                _rank_into(chosen, 0, resident, n_res, decode_slots, keys_on, predicted, generated, wk, wr)
+                if keys_on == KEY_ROW:
+                    for j in range(decode_slots):
+                        chosen[j] = resident[j]
+                else:   # the (key, row) order's prefix; only its keys change this step
+                    for j in range(decode_slots):
+                        chosen[j] = ord_rows[j]
+                    ord_dirty = decode_slots
                 n_chosen = decode_slots
         budget = prefill_budget - (n_chosen if decodes_in_budget else 0)
         carried = partial
@@ -544,6 +517,71 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
                         b -= 1
                     m -= 1
                 n_res += n_new
+        # the LRU list of residents by last service: served rows to the tail, finished ones out
+        for j in range(n_chosen):
+            r = chosen[j]
+            if finish_s[r] == finish_s[r] or r != lru_tail:
+                p, q = lru_prev[r], lru_next[r]
+                if p >= 0:
+                    lru_next[p] = q
+                else:
+                    lru_head = q
+                if q >= 0:
+                    lru_prev[q] = p
+                else:
+                    lru_tail = p
+                if not (finish_s[r] == finish_s[r]):
+                    lru_prev[r], lru_next[r] = lru_tail, -1
+                    if lru_tail >= 0:
+                        lru_next[lru_tail] = r
+                    else:
+                        lru_head = r
+                    lru_tail = r
+        for j in range(n_first):
+            r = firsts[j]
+            if not (finish_s[r] == finish_s[r]):
+                lru_prev[r], lru_next[r] = lru_tail, -1
+                if lru_tail >= 0:
+                    lru_next[lru_tail] = r
+                else:
+                    lru_head = r
+                lru_tail = r
+        if keys_on != KEY_ROW:   # keep ord_rows sorted by (key, row): re-key, re-sort, drop, insert
+            n_ord = n_res0
+            for i in range(ord_dirty if ord_dirty < n_ord else n_ord):
+                ord_keys[i] = _key(ord_rows[i], keys_on, predicted, generated)
+            top = ord_dirty if ord_dirty < n_ord else n_ord
+            for a in range(1, top):   # keys only fall: an insertion sort of the prefix
+                kr, rr = ord_keys[a], ord_rows[a]
+                b = a - 1
+                while b >= 0 and _before(kr, rr, ord_keys[b], ord_rows[b]):
+                    ord_keys[b + 1], ord_rows[b + 1] = ord_keys[b], ord_rows[b]
+                    b -= 1
+                ord_keys[b + 1], ord_rows[b + 1] = kr, rr
+            if n_done:
+                m = 0
+                for i in range(n_ord):
+                    r = ord_rows[i]
+                    if not (finish_s[r] == finish_s[r]):
+                        ord_rows[m], ord_keys[m] = r, ord_keys[i]
+                        m += 1
+                n_ord = m
+            for j in range(n_first):
+                r = firsts[j]
+                if finish_s[r] == finish_s[r]:
+                    continue
+                kr = _key(r, keys_on, predicted, generated)
+                lo, hi = 0, n_ord
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if _before(ord_keys[mid], ord_rows[mid], kr, r):
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                for i in range(n_ord, lo, -1):
+                    ord_keys[i], ord_rows[i] = ord_keys[i - 1], ord_rows[i - 1]
+                ord_keys[lo], ord_rows[lo] = kr, r
+                n_ord += 1
         if released < n and n_done:   # closed loop: each completion submits the next row
             fresh = n_done if n_done < n - released else n - released
             for j in range(released, released + fresh):
@@ -556,6 +594,7 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
     ist[S_N_ADMITTED], ist[S_N_RES], ist[S_KV_USED], ist[S_HEAP] = n_admitted, n_res, kv_used, heap
     ist[S_CONTENDED], ist[S_DECODES], ist[S_STATUS] = contended, decodes, status
     ist[S_PARTIAL], ist[S_RELEASED] = partial, released
+    ist[S_LRU_HEAD], ist[S_LRU_TAIL] = lru_head, lru_tail
     ist[S_ARRIVED] = arrived
     fst[F_NOW], fst[F_ABS_ERROR], fst[F_CHARGE] = now, abs_error, charge
     return done_steps
@@ -569,11 +608,9 @@ if numba is not None:
     _pairwise = _jit(_pairwise)
     _step_time = _jit(_step_time)
     _before = _jit(_before)
+    _key = _jit(_key)
     _heap_push = _jit(_heap_push)
     _heap_pop = _jit(_heap_pop)
-    _worst_sift_down = _jit(_worst_sift_down)
-    _worst_sift_up = _jit(_worst_sift_up)
-    _rank_into = _jit(_rank_into)
     run_steps = _jit(_run_steps)
 else:   # pragma: no cover
     run_steps = _run_steps
@@ -613,12 +650,15 @@ class CompiledRun:
         self.chosen = np.empty(width, dtype=np.int64)
         self.admit = np.empty(width, dtype=np.int64)
         self.firsts = np.empty(width + 1, dtype=np.int64)
-        self.worst_keys = np.empty(width, dtype=np.float64)
-        self.worst_rows = np.empty(width, dtype=np.int64)
         self.err = np.empty(width, dtype=np.float64)
         self.ist = np.zeros(N_INT_STATE, dtype=np.int64)
         self.ist[S_PARTIAL] = -1
         self.ist[S_RELEASED] = table.released
+        self.ist[S_LRU_HEAD] = self.ist[S_LRU_TAIL] = -1
+        self.ord_rows = np.empty(width + 1, dtype=np.int64)     # residents in (key, row) order
+        self.ord_keys = np.empty(width + 1, dtype=np.float64)
+        self.lru_prev = np.empty(max(n, 1), dtype=np.int64)     # residents by last service (a linked list)
+        self.lru_next = np.empty(max(n, 1), dtype=np.int64)
         self.fst = np.zeros(N_FLOAT_STATE, dtype=np.float64)
         self.advance(0)   # compiles the kernel (once per process) before the run's clock starts
 
@@ -631,7 +671,8 @@ class CompiledRun:
             self.kind, self.pi, self.pf,
             t.generated, t.last_served, t.forced_steps, t.admitted, t.admit_s, t.first_token_s, t.finish_s,
             t.first_predicted, t.ready_s, t.prefilled, self.resident, self.heap_keys, self.heap_rows, self.scratch,
-            self.chosen, self.admit, self.firsts, self.worst_keys, self.worst_rows, self.err, self.ist, self.fst))
+            self.chosen, self.admit, self.firsts, self.err,
+            self.ord_rows, self.ord_keys, self.lru_prev, self.lru_next, self.ist, self.fst))
 
     @property
     def now(self) -> float:
