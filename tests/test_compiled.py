@@ -166,3 +166,34 @@ def test_unsupported_configuration_says_so_and_uses_the_reference(capsys):
 def test_unknown_kernel_is_refused():
     with pytest.raises(ValueError, match="unknown kernel"):
         RunConfig(trace="sharegpt-lengths", kernel="fast")
+
+
+def test_without_numba_compiled_runs_the_reference(monkeypatch, capsys):
+    from simulator import compiled
+
+    monkeypatch.setattr(compiled, "numba", None)
+    config = RunConfig(trace="sharegpt-lengths", predictor="oracle", policy="countdown", load=1.0, requests=200)
+    _, ref = execute(prepare(config))
+    _, comp = execute(prepare(dataclasses.replace(config, kernel="compiled")))
+    assert "--kernel compiled: numba is not installed; this run uses the reference engine" in capsys.readouterr().err
+    assert_identical(ref, comp)
+
+
+def test_simulate_kernel_flag_writes_identical_files(tmp_path):
+    import json
+
+    from experiments.cli import main
+
+    outs = {}
+    for kernel in ("reference", "compiled"):
+        out = tmp_path / kernel
+        assert main(["--trace", "sharegpt-lengths", "--requests", "300", "--predictor", "oracle", "--policy",
+                     "countdown", "--load", "1.5x", "--kernel", kernel, "--out", str(out), "--quiet"]) == 0
+        outs[kernel] = out
+    ref, comp = outs["reference"], outs["compiled"]
+    assert (ref / "requests.parquet").read_bytes() == (comp / "requests.parquet").read_bytes()
+    summaries = [json.loads((d / "summary.json").read_text()) for d in (ref, comp)]
+    for summary in summaries:
+        summary.pop("sim_cpu_s", None)
+    assert summaries[0] == summaries[1]
+    assert (ref / "config.json").read_bytes() == (comp / "config.json").read_bytes()   # the kernel is not recorded
