@@ -116,8 +116,8 @@ def bench(args, trace: str, trace_requests: int) -> int:
 
 
 def compiled_available() -> bool:
-    from simulator.compiled import numba
-    return numba is not None
+    from simulator.compiled import load_kernel
+    return load_kernel() is not None
 
 
 def million(args) -> None:

@@ -22,16 +22,12 @@ The SimPy process around it (:func:`step_process`) advances the simulated clock 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from predictors.base import Known
-
-try:   # numba is optional: without it, --kernel compiled falls back to the reference engine
-    import numba
-except ImportError:   # pragma: no cover -- exercised on machines without numba
-    numba = None
 
 KERNELS = ("reference", "compiled")
 CHUNK_STEPS = 1 << 16            # steps per kernel call (progress reports between calls)
@@ -67,8 +63,8 @@ def unsupported(sim) -> str | None:
     from simulator.profiles.roofline import RooflineProfile
     from simulator.profiles.unit import UnitProfile
 
-    if numba is None:
-        return "numba is not installed"
+    if load_kernel() is None:
+        return "numba is not installed (or does not load)"
     if type(sim.policy) not in (FCFS, Countdown):
         return f"policy {sim.policy.name!r} is not compiled (fcfs and countdown are)"
     p = sim.predictor
@@ -600,20 +596,24 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
     return done_steps
 
 
-if numba is not None:
-    _jit = numba.njit(nogil=True)   # cache=True: a cached kernel crashed on reload (numba 0.65); compiled per process
-    _dl_split = _jit(_dl_split)
-    _dl_mul = _jit(_dl_mul)
-    _py_hypot = _jit(_py_hypot)
-    _pairwise = _jit(_pairwise)
-    _step_time = _jit(_step_time)
-    _before = _jit(_before)
-    _key = _jit(_key)
-    _heap_push = _jit(_heap_push)
-    _heap_pop = _jit(_heap_pop)
-    run_steps = _jit(_run_steps)
-else:   # pragma: no cover
-    run_steps = _run_steps
+_JITTED = ("_dl_split", "_dl_mul", "_py_hypot", "_pairwise", "_step_time", "_before", "_key", "_heap_push",
+           "_heap_pop")
+
+
+@functools.lru_cache(maxsize=1)
+def load_kernel():
+    """The jitted step function, or None without numba. Imported on first use, so reference runs
+    never pay for numba; the helpers are jitted in place (the kernel calls them by module name).
+    Not cached on disk: a cached kernel crashed on reload (numba 0.65), so it compiles per process."""
+    try:
+        import numba
+    except ImportError:
+        return None
+    jit = numba.njit(nogil=True)
+    module = globals()
+    for name in _JITTED:
+        module[name] = jit(module[name])
+    return jit(_run_steps)
 
 
 class CompiledRun:
@@ -664,7 +664,7 @@ class CompiledRun:
 
     def advance(self, max_steps: int) -> int:
         t, cfg = self.table, self.cfg
-        return int(run_steps(
+        return int(load_kernel()(
             max_steps, t.arrival, t.prompt, t.length, self.predicted, self.mode, self.ordered, self.keys_on,
             cfg.decode_slots, cfg.wait_cap, cfg.prefill_token_budget, cfg.decodes_in_budget,
             -1 if cfg.kv_token_budget is None else cfg.kv_token_budget, cfg.max_resident, cfg.chunked_prefill,
