@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 
 import numpy as np
 
@@ -594,6 +595,12 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
     ist[S_ARRIVED] = arrived
     fst[F_NOW], fst[F_ABS_ERROR], fst[F_CHARGE] = now, abs_error, charge
     return done_steps
+
+
+@functools.cache
+def note_fallback(reason: str) -> None:
+    """Say once per process and reason that ``--kernel compiled`` ran the reference engine."""
+    print(f"--kernel compiled: {reason}; this run uses the reference engine", file=sys.stderr)
 
 
 _JITTED = ("_dl_split", "_dl_mul", "_py_hypot", "_pairwise", "_step_time", "_before", "_key", "_heap_push",

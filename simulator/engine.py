@@ -15,7 +15,6 @@ policy's ranking. The true output length is read only to decide completion.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -26,7 +25,7 @@ import simpy
 from core.trace import Trace
 from policies.base import Policy, SchedulerView
 from predictors.base import Predictor, PredictorCost
-from simulator.compiled import KERNELS, CompiledRun, unsupported
+from simulator.compiled import KERNELS, CompiledRun, note_fallback, unsupported
 from simulator.config import EngineConfig
 from simulator.prediction import NoPrediction, PredictionDriver
 from simulator.profiles.base import EngineProfile
@@ -178,7 +177,7 @@ class Simulation:
             if reason is None:
                 compiled = CompiledRun(self, table, driver)
             else:   # never silently: the numbers are the reference engine's
-                print(f"--kernel compiled: {reason}; this run uses the reference engine", file=sys.stderr)
+                note_fallback(reason)
         if compiled is not None:
             env.process(compiled.step_process(env, self.progress))
         else:

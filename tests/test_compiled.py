@@ -156,11 +156,16 @@ def test_compiled_matches_reference_on_recorded_preset(policy, predictor, arriva
 
 
 def test_unsupported_configuration_says_so_and_uses_the_reference(capsys):
+    from simulator.compiled import note_fallback
+
+    note_fallback.cache_clear()
     config = RunConfig(trace="sharegpt-lengths", predictor="oracle", policy="aging", load=1.0, requests=200)
     ref_summary, ref = execute(prepare(config))
     comp_summary, comp = execute(prepare(dataclasses.replace(config, kernel="compiled")))
     assert "--kernel compiled: policy 'aging' is not compiled" in capsys.readouterr().err
     assert_identical(ref, comp)
+    execute(prepare(dataclasses.replace(config, kernel="compiled")))
+    assert "--kernel compiled" not in capsys.readouterr().err   # said once per process
 
 
 def test_unknown_kernel_is_refused():
@@ -172,6 +177,7 @@ def test_without_numba_compiled_runs_the_reference(monkeypatch, capsys):
     from simulator import compiled
 
     monkeypatch.setattr(compiled, "load_kernel", lambda: None)
+    compiled.note_fallback.cache_clear()
     config = RunConfig(trace="sharegpt-lengths", predictor="oracle", policy="countdown", load=1.0, requests=200)
     _, ref = execute(prepare(config))
     _, comp = execute(prepare(dataclasses.replace(config, kernel="compiled")))
