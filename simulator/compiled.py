@@ -40,17 +40,17 @@ REMAINING_FLOOR = 0.5            # policies.countdown.REMAINING_FLOOR (checked a
 # integer state slots
 S_STEP, S_FINISHED, S_ARRIVED, S_SCORED, S_N_ADMITTED, S_N_RES, S_KV_USED, S_HEAP, S_CONTENDED, \
     S_DECODES, S_STATUS, S_STALL_READY, S_STALL_WAITING, S_PY_SCORED, S_PARTIAL, S_RELEASED, \
-    S_LRU_HEAD, S_LRU_TAIL = range(18)
-N_INT_STATE = 18
+    S_LRU_HEAD, S_LRU_TAIL, S_REKEY, S_N_FIRST, S_DONE_LAST = range(21)
+N_INT_STATE = 21
 # float state slots
-F_NOW, F_ABS_ERROR, F_CHARGE = range(3)
-N_FLOAT_STATE = 3
+F_NOW, F_ABS_ERROR, F_CHARGE, F_NEXT_EVENT, F_START, F_DURATION, F_GPU_S = range(7)
+N_FLOAT_STATE = 7
 # kernel exit status
-DONE_OR_CHUNK, STALLED, NEEDS_SCORES = 0, 1, 2
+DONE_OR_CHUNK, STALLED, NEEDS_SCORES, NEEDS_PREFILL, NEEDS_EVENT = 0, 1, 2, 3, 4
 # decode keys: row order (FCFS), countdown's remaining length, a rank predictor's static score
 KEY_ROW, KEY_REMAINING, KEY_SCORE = 0, 1, 2
 # how estimates reach the kernel
-PRED_NONE, PRED_STATIC, PRED_PYTHON = 0, 1, 2
+PRED_NONE, PRED_STATIC, PRED_PYTHON, PRED_PREFILL = 0, 1, 2, 3
 
 
 def unsupported(sim) -> str | None:
@@ -70,8 +70,8 @@ def unsupported(sim) -> str | None:
         return f"policy {sim.policy.name!r} is not compiled (fcfs and countdown are)"
     p = sim.predictor
     if p is not None and type(p) not in (Oracle, NoisyOracle):
-        if p.stage != "arrival":
-            return f"predictor {p.name!r} predicts after prefill (arrival-stage predictors are compiled)"
+        if p.stage == "prefill" and sim.closed_loop is not None:
+            return f"predictor {p.name!r} predicts after prefill in a closed loop (not compiled)"
         if p.refresh_every:
             return f"predictor {p.name!r} refreshes during decode"
         if type(p).after_prefill is not Predictor.after_prefill:
@@ -254,7 +254,7 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
                kind, pi, pf,
                generated, last_served, forced_steps, admitted, admit_s, first_token_s, finish_s,
                first_predicted, ready_s, prefilled, resident, hk, hr, scratch_rows, chosen, admit, firsts,
-               err, ord_rows, ord_keys, lru_prev, lru_next, ist, fst):
+               err, ord_rows, ord_keys, lru_prev, lru_next, rekey, gc, ist, fst):
     """Advance the engine up to ``max_steps`` steps (``simulator.engine.Simulation._step_loop``)."""
     n = arrival.shape[0]
     step, finished, arrived, scored = ist[S_STEP], ist[S_FINISHED], ist[S_ARRIVED], ist[S_SCORED]
@@ -265,11 +265,38 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
     has_pred = pred_mode != PRED_NONE
     done_steps = 0
     status = 0
+    # estimates Python published since the last call move their rows within the (key, row) order
+    if keys_on != KEY_ROW:
+        for j in range(ist[S_REKEY]):
+            r = rekey[j]
+            if finish_s[r] == finish_s[r]:
+                continue
+            pos = 0
+            while ord_rows[pos] != r:
+                pos += 1
+            for i in range(pos, n_res - 1):
+                ord_keys[i], ord_rows[i] = ord_keys[i + 1], ord_rows[i + 1]
+            kr = _key(r, keys_on, predicted, generated)
+            lo, hi = 0, n_res - 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if _before(ord_keys[mid], ord_rows[mid], kr, r):
+                    lo = mid + 1
+                else:
+                    hi = mid
+            for i in range(n_res - 1, lo, -1):
+                ord_keys[i], ord_rows[i] = ord_keys[i - 1], ord_rows[i - 1]
+            ord_keys[lo], ord_rows[lo] = kr, r
+    ist[S_REKEY] = 0
     while finished < n and done_steps < max_steps:
+        if now >= fst[F_NEXT_EVENT]:   # a SimPy event (a delayed estimate) fires before this step
+            status = NEEDS_EVENT
+            break
         while arrived < n and arrival[arrived] <= now:
             arrived += 1
         if n_res == 0 and partial < 0 and n_admitted >= arrived:   # idle: wait for the next arrival
             now = now + (arrival[arrived] - now)
+            ist[S_DONE_LAST] = 0       # nothing finishes while idle
             continue
         if pred_mode == PRED_PYTHON and ist[S_PY_SCORED] < arrived:
             status = NEEDS_SCORES   # the predictor scores rows [scored, arrived) in Python, at `now`
@@ -448,6 +475,9 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
             abs_error += _pairwise(err, 0, n_chosen)
             decodes += n_chosen
         duration = _step_time(kind, pi, pf, prefill_tokens, prefill_sq, n_chosen, context)
+        if gc[3] and n_admit:      # PredictionDriver.step_charge of a prefill-stage predictor
+            charge += gc[0] + gc[1] * n_admit + gc[2] * prefill_tokens
+        fst[F_GPU_S] += charge
         duration += charge         # the predictor's GPU debt (0.0 for a free one)
         charge = 0.0
         end = now + duration
@@ -584,9 +614,15 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
             for j in range(released, released + fresh):
                 arrival[j] = end
             released += fresh
+        fst[F_START], fst[F_DURATION] = now, duration
+        ist[S_DONE_LAST] = n_done      # an event due within this step saw the system before these finished
         now = end
         step += 1
         done_steps += 1
+        if pred_mode == PRED_PREFILL and n_first:   # estimates from the prefill's hidden state
+            ist[S_N_FIRST] = n_first
+            status = NEEDS_PREFILL
+            break
     ist[S_STEP], ist[S_FINISHED], ist[S_ARRIVED], ist[S_SCORED] = step, finished, arrived, scored
     ist[S_N_ADMITTED], ist[S_N_RES], ist[S_KV_USED], ist[S_HEAP] = n_admitted, n_res, kv_used, heap
     ist[S_CONTENDED], ist[S_DECODES], ist[S_STATUS] = contended, decodes, status
@@ -641,9 +677,19 @@ class CompiledRun:
             self.mode = PRED_STATIC
             self.predicted = np.ascontiguousarray(
                 sim.predictor.predict(np.arange(n), Known(arrived=0, finished=0)), dtype=np.float64)
-        else:   # scored in Python when rows arrive (PredictionDriver.score_arrivals)
+        elif sim.predictor.stage == "arrival":   # scored in Python when rows arrive (score_arrivals)
             self.mode, self.predicted = PRED_PYTHON, table.predicted
-        self.ordered = self.has_pred and sim.policy.uses_predictions
+        else:   # predicted in Python once a prompt is prefilled (PredictionDriver._predict_after_prefill)
+            self.mode, self.predicted = PRED_PREFILL, table.predicted
+        self.gc = np.zeros(4, dtype=np.float64)
+        if self.mode == PRED_PREFILL:
+            cost = driver.cost
+            self.gc[:] = (cost.gpu_s_per_call, cost.gpu_s_per_request, cost.gpu_s_per_prompt_token,
+                          1.0 if driver.charge_cost else 0.0)
+        self.rekey = np.empty(max(n, 1), dtype=np.int64)
+        self.pending: list[tuple[float, int, np.ndarray]] = []   # delayed estimates: (time, order, rows)
+        self.events = 0
+        self.ordered = self.has_pred and sim.predictor.stage == "arrival" and sim.policy.uses_predictions
         self.keys_on = (KEY_ROW if sim.policy.name == "fcfs" else
                         KEY_SCORE if sim.predictor.output == "rank" else KEY_REMAINING)
         self.cfg = cfg
@@ -667,6 +713,7 @@ class CompiledRun:
         self.lru_prev = np.empty(max(n, 1), dtype=np.int64)     # residents by last service (a linked list)
         self.lru_next = np.empty(max(n, 1), dtype=np.int64)
         self.fst = np.zeros(N_FLOAT_STATE, dtype=np.float64)
+        self.fst[F_NEXT_EVENT] = np.inf
         self.advance(0)   # compiles the kernel (once per process) before the run's clock starts
 
     def advance(self, max_steps: int) -> int:
@@ -679,7 +726,7 @@ class CompiledRun:
             t.generated, t.last_served, t.forced_steps, t.admitted, t.admit_s, t.first_token_s, t.finish_s,
             t.first_predicted, t.ready_s, t.prefilled, self.resident, self.heap_keys, self.heap_rows, self.scratch,
             self.chosen, self.admit, self.firsts, self.err,
-            self.ord_rows, self.ord_keys, self.lru_prev, self.lru_next, self.ist, self.fst))
+            self.ord_rows, self.ord_keys, self.lru_prev, self.lru_next, self.rekey, self.gc, self.ist, self.fst))
 
     @property
     def now(self) -> float:
@@ -716,6 +763,43 @@ class CompiledRun:
         self.fst[F_CHARGE] = charge
         self.ist[S_PY_SCORED] = arrived
 
+    def _publish(self, rows: np.ndarray, at: float, finished: int) -> None:
+        """Estimates for ``rows`` usable from ``at`` (the predictor sees what the system knows then);
+        the kernel re-sorts them on its next call."""
+        t = self.table
+        known = Known(arrived=t.arrived_by(at), finished=finished)
+        t.set_predictions(rows, self.predictor.predict(rows, known), at)
+        k = int(self.ist[S_REKEY])
+        self.rekey[k:k + len(rows)] = rows
+        self.ist[S_REKEY] = k + len(rows)
+
+    def predict_after_prefill(self) -> None:
+        """PredictionDriver._predict_after_prefill for the step the kernel just ran."""
+        d = self.driver
+        rows = self.firsts[:int(self.ist[S_N_FIRST])].copy()
+        start, duration = float(self.fst[F_START]), float(self.fst[F_DURATION])
+        cpu = (d.cost.cpu_s_per_prediction if d.charge_cost else 0.0) * len(rows)   # one core, in turn
+        d.cpu_s += cpu
+        ready = start + d.cost.tap_fraction * duration + cpu
+        end = start + duration
+        if ready <= end:
+            self._publish(rows, end, self.finished - int(self.ist[S_DONE_LAST]))
+            return
+        self.pending.append((end + (ready - end), self.events, rows))   # a SimPy timeout's instant
+        self.events += 1
+        self.fst[F_NEXT_EVENT] = min(self.fst[F_NEXT_EVENT], self.pending[-1][0])
+
+    def fire_events(self) -> None:
+        """Delayed estimates due by the kernel's clock, in SimPy's order (time, then creation)."""
+        self.pending.sort(key=lambda e: (e[0], e[1]))
+        now = self.now
+        # each is due after the last step started (or in an idle gap): it fired before that step landed
+        finished_then = self.finished - int(self.ist[S_DONE_LAST])
+        while self.pending and self.pending[0][0] <= now:
+            at, _, rows = self.pending.pop(0)
+            self._publish(rows, at, finished_then)
+        self.fst[F_NEXT_EVENT] = self.pending[0][0] if self.pending else np.inf
+
     def step_process(self, env, progress=None):
         """The SimPy process: a chunk of compiled steps, then the simulated clock catches up."""
         from simulator.scheduler import SimulationStalled
@@ -723,9 +807,17 @@ class CompiledRun:
         n = self.table.n
         while self.finished < n:
             self.advance(CHUNK_STEPS)
-            if self.ist[S_STATUS] == NEEDS_SCORES:
+            status = self.ist[S_STATUS]
+            if status == NEEDS_SCORES:
                 yield env.timeout(max(self.now - env.now, 0.0))
                 self.score_arrivals()
+                continue
+            if status == NEEDS_PREFILL:
+                self.predict_after_prefill()
+                continue
+            if status == NEEDS_EVENT:
+                yield env.timeout(max(self.now - env.now, 0.0))
+                self.fire_events()
                 continue
             if self.ist[S_STATUS]:
                 raise SimulationStalled(
@@ -735,3 +827,9 @@ class CompiledRun:
             yield env.timeout(max(self.now - env.now, 0.0))
             if progress is not None:
                 progress(self.finished, n)
+        if self.mode == PRED_PREFILL:
+            self.driver.gpu_s = float(self.fst[F_GPU_S])
+        self.fire_events()   # those due within the last step
+        for at, _, rows in sorted(self.pending, key=lambda e: (e[0], e[1])):   # SimPy fires them after the last step
+            self._publish(rows, at, self.finished)
+        self.pending.clear()

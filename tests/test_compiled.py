@@ -90,6 +90,38 @@ def test_compiled_matches_reference_on_hypothesis_workloads(case):
     assert_identical(simulate(case, "reference", profile), simulate(case, "compiled", profile))
 
 
+class PrefillStage(FixedPredictor):
+    """A hidden-state predictor: its estimate exists once prefill reaches the tapped layer plus its
+    CPU time, often after the step ends (a SimPy event between steps)."""
+
+    name = "prefill-fixed"
+    stage = "prefill"
+
+    def __init__(self, values, cpu_s: float, tap: float):
+        super().__init__(values)
+        self.cpu_s, self.tap = cpu_s, tap
+
+    def predict(self, rows, known: Known | None = None):
+        assert known is not None
+        return self._rows[rows] + 0.29 * known.arrived - 0.13 * known.finished
+
+    def cost(self, hardware=None):
+        return PredictorCost(gpu_s_per_call=0.011, gpu_s_per_request=0.0023, gpu_s_per_prompt_token=1.3e-5,
+                             cpu_s_per_prediction=self.cpu_s, tap_fraction=self.tap)
+
+
+@settings(max_examples=300, **HYPO)
+@given(cases(policies=("fcfs", "countdown"), predictors=("fixed",)))
+def test_compiled_matches_reference_with_prefill_stage_predictors(case):
+    cpu_s = [0.0, 0.3, 1.7, 0.004][case.seed % 4]
+    tap = [1.0, 0.5, 0.8][case.seed % 3]
+    case.chunked_prefill = case.seed % 5 == 0
+    case.decodes_in_budget = case.seed % 7 == 0
+    profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
+    ref = simulate(case, "reference", profile, PrefillStage(case.fixed, cpu_s, tap))
+    assert_identical(ref, simulate(case, "compiled", profile, PrefillStage(case.fixed, cpu_s, tap)))
+
+
 @st.composite
 def vllm_cases(draw):
     """As ``test_invariants.vllm_cases`` (chunked prefill, decodes in the budget, closed loop), on the
