@@ -1,23 +1,22 @@
-"""The compiled step: the engine's step loop as one numba kernel, for runs where no step needs Python.
+"""The compiled step: the engine's step loop as one numba kernel, Python only between its steps.
 
 The reference engine (:mod:`simulator.engine`) stays the definition; this kernel replays it with the
 same float64 arithmetic in the same order, so its outputs are byte-identical (the identity tests in
-``tests/test_compiled.py`` hold it to that). It covers runs whose decisions need no Python between
-arrivals: no predictor or a predictor whose estimate of every row is fixed at bind time (``oracle``,
-``noisy-oracle``) or scored in Python when rows arrive (other arrival-stage predictors without
-refreshes, prefill re-estimates or online learning), FCFS or countdown, the roofline / fitted / unit
-profiles, chunked prefill and closed loop included, without step logs. Anything else (prefill-stage
-predictors such as leap and leap-rls, TRAIL, aging and the starvation policies) runs on the
-reference engine, and
-:func:`unsupported` says why. Without numba the compiled kernel is unavailable and every run uses
-the reference engine (the pure-numpy path).
+``tests/test_compiled.py`` hold it to that). It covers runs with no predictor, the oracles
+(estimates fixed at bind time, inside the kernel), arrival-stage predictors scored in Python when
+rows arrive, and prefill-stage predictors predicted in Python after each prefilling step (an
+estimate ready after its step's end fires as a SimPy event between compiled steps), none of them
+refreshing or learning online; FCFS or countdown; the roofline / fitted / unit profiles; chunked
+prefill and closed loop included; no step logs. Anything else (leap-rls, TRAIL, aging, the
+starvation policies) runs on the reference engine, and :func:`unsupported` says why. Without numba
+the compiled kernel is unavailable and every run uses the reference engine (the pure-numpy path).
 
 The kernel keeps the resident set in row order and, for countdown, also in a persistent array sorted
 by (key, row) (the reference's stable argsort order): a step decodes its prefix, whose keys are the
 only ones that fall, so re-sorting the prefix keeps the order (no full sort per step). The residents
 also sit in a list by last service, so the wait cap's starvation scan runs only when its head starves.
 Waiting requests of a policy-ordered admission sit in a persistent heap keyed by (predicted, row).
-The SimPy process around it (:func:`step_process`) advances the simulated clock per chunk of steps.
+The SimPy process around it (:meth:`CompiledRun.step_process`) advances the simulated clock per chunk of steps.
 """
 
 from __future__ import annotations
