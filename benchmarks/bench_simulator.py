@@ -66,7 +66,7 @@ def main() -> int:
 CASES = (("fcfs", "none", 1.0), ("countdown", "oracle", 1.0), ("countdown", "oracle", 2.0))
 
 
-def timed_run(trace: str, policy: str, predictor: str, load: float, requests: int, kernel: str):
+def timed_run(trace: str, policy: str, predictor: str, load: float, requests: int | None, kernel: str):
     """(summary, result) of one run; ``result.sim_cpu_s`` is the loop's CPU time."""
     prepared = prepare(RunConfig(trace=trace, predictor=predictor, policy=policy, load=load, requests=requests,
                                  kernel=kernel))
@@ -109,10 +109,26 @@ def bench(args, trace: str, trace_requests: int) -> int:
             print(f"  {'':9s}   {'':6s}         compiled  {comp:8.0f} requests/CPU-s "
                   f"(min {min(rates['compiled']):.0f}, max {max(rates['compiled']):.0f}); "
                   f"{comp / ref:.1f}x the reference; {same}")
+    if "compiled" in kernels and load_trace(args.trace).has_feature("feat_last"):
+        hidden_state_cases(args)
     print(f"  process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
     if args.million:
         million(args)
     return 0
+
+
+def hidden_state_cases(args) -> None:
+    """LEAP on the recorded trace itself (not tiled: the hidden states are per request) at 1.5x:
+    frozen leap runs compiled; leap-rls learns online, so --kernel compiled runs the reference."""
+    for predictor in ("leap", "leap-rls"):
+        rates, finish = {}, {}
+        for kernel in ("reference", "compiled"):
+            runs = [timed_run(args.trace, "countdown", predictor, 1.5, None, kernel) for _ in range(args.repeat)]
+            rates[kernel] = statistics.median(s["completed"] / r.sim_cpu_s for s, r in runs)
+            finish[kernel] = runs[-1][1].finish_s.tobytes()
+        same = "identical finish times" if finish["compiled"] == finish["reference"] else "FINISH TIMES DIFFER"
+        print(f"  countdown + {predictor} at 1.5x ({args.trace} as recorded): reference {rates['reference']:8.0f}, "
+              f"compiled {rates['compiled']:8.0f} requests/CPU-s ({rates['compiled'] / rates['reference']:.1f}x); {same}")
 
 
 def compiled_available() -> bool:
