@@ -1,13 +1,15 @@
 """Simulator speed: simulated requests per CPU-second of the simulation loop, and peak memory.
 
-Replays 4,000 requests of the default trace at 1.0x capacity with FCFS and with countdown + the
-oracle (target: >= 5,000 requests per CPU-second). Figures are medians over --repeat runs; the
+Replays 4,000 requests of the default trace with FCFS at 1x and countdown + the oracle at 1x and
+2x capacity, on the reference engine and on the compiled kernel (``--kernel compiled``) in the same
+run, with the ratio and a check that both give identical finish times; ``--million N`` also times
+N lengths-only requests at 1x with the compiled kernel, start-up included. Figures are medians over --repeat runs; the
 machine is shared, so compare ratios from one run rather than absolute numbers across runs.
 A trace with fewer requests than ``--requests`` is tiled: whole copies of it, each shuffled with a
 fixed seed (ids suffixed ``#copy``), cut to the count, written to a temporary trace file (request
 columns only; the oracle needs no features). The same arguments replay the same requests.
 
-    python benchmarks/bench_simulator.py [--trace NAME] [--requests 4000] [--repeat 5]
+    python benchmarks/bench_simulator.py [--trace NAME] [--requests 4000] [--repeat 5] [--million 1000000]
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import resource
 import statistics
 import sys
 import tempfile
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -49,39 +52,113 @@ def main() -> int:
     ap.add_argument("--trace", default=default)
     ap.add_argument("--requests", type=int, default=4000)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--load", type=float, default=1.0)
+    ap.add_argument("--load", type=float, default=None,
+                    help="one load for both cases (default: FCFS at 1x, countdown + oracle at 1x and 2x)")
+    ap.add_argument("--million", type=int, default=0, metavar="N",
+                    help="also time N lengths-only requests at 1x with the compiled kernel, start-up included")
     args = ap.parse_args()
-    if args.requests < 1 or args.repeat < 1 or not args.load > 0:
-        ap.error("--requests and --repeat must be >= 1 and --load > 0")
+    if args.requests < 1 or args.repeat < 1 or (args.load is not None and not args.load > 0) or args.million < 0:
+        ap.error("--requests and --repeat must be >= 1, --load > 0 and --million >= 0")
     with tempfile.TemporaryDirectory(prefix="bench-sim-") as folder:
         return bench(args, *tiled_trace(args.trace, args.requests, Path(folder)))
 
 
+CASES = (("fcfs", "none", 1.0), ("countdown", "oracle", 1.0), ("countdown", "oracle", 2.0))
+
+
+def timed_run(trace: str, policy: str, predictor: str, load: float, requests: int | None, kernel: str):
+    """(summary, result) of one run; ``result.sim_cpu_s`` is the loop's CPU time."""
+    prepared = prepare(RunConfig(trace=trace, predictor=predictor, policy=policy, load=load, requests=requests,
+                                 kernel=kernel))
+    return execute(prepared)
+
+
 def bench(args, trace: str, trace_requests: int) -> int:
-    cases = [("fcfs", "none"), ("countdown", "oracle")]
     tiled = f" (tiled from {trace_requests:,})" if trace != args.trace else ""
-    print(f"trace {args.trace}, {args.requests} requests{tiled}, load {args.load}x, engine qwen3-8b-h100")
-    for policy, predictor in cases:
-        rates, steps, peaks = [], 0, []
+    kernels = ["reference"] + (["compiled"] if compiled_available() else [])
+    print(f"trace {args.trace}, {args.requests} requests{tiled}, engine qwen3-8b-h100; "
+          f"kernels: {', '.join(kernels)}")
+    if "compiled" not in kernels:
+        print("  compiled kernel unavailable (numba not installed): reference engine only")
+    else:   # compile once before timing (numba compiles per process)
+        started = time.process_time()
+        timed_run(trace, "countdown", "oracle", 1.0, min(args.requests, 50), "compiled")
+        print(f"  compiled kernel: {time.process_time() - started:.1f} CPU-s to compile (once per process)")
+    for policy, predictor, load in ([(p, q, args.load) for p, q, _ in CASES[:2]] if args.load else CASES):
+        rates: dict[str, list[float]] = {k: [] for k in kernels}
+        steps, peaks, finish = 0, [], {}
         for _ in range(args.repeat):
-            prepared = prepare(RunConfig(trace=trace, predictor=predictor, policy=policy, load=args.load,
-                                         requests=args.requests))
-            tracemalloc.start()
-            summary, result = execute(prepared)
-            peaks.append(tracemalloc.get_traced_memory()[1])
-            tracemalloc.stop()
-            # tracemalloc slows Python; time a clean run for the rate
-            prepared = prepare(RunConfig(trace=trace, predictor=predictor, policy=policy, load=args.load,
-                                         requests=args.requests))
-            summary, result = execute(prepared)
-            rates.append(summary["completed"] / result.sim_cpu_s)
-            steps = result.steps
-        print(f"  {policy:9s} + {predictor:6s}: {statistics.median(rates):8.0f} requests/CPU-s "
-              f"(min {min(rates):.0f}, max {max(rates):.0f}; {steps} steps, "
-              f"{statistics.median(rates) * steps / args.requests:,.0f} steps/CPU-s); "
-              f"peak traced memory {max(peaks) / 2**20:.1f} MiB")
+            for kernel in kernels:
+                if kernel == "reference":
+                    tracemalloc.start()
+                    timed_run(trace, policy, predictor, load, args.requests, kernel)
+                    peaks.append(tracemalloc.get_traced_memory()[1])
+                    tracemalloc.stop()
+                # tracemalloc slows Python; time a clean run for the rate
+                summary, result = timed_run(trace, policy, predictor, load, args.requests, kernel)
+                rates[kernel].append(summary["completed"] / result.sim_cpu_s)
+                steps = result.steps
+                finish[kernel] = result.finish_s.tobytes()
+        ref = statistics.median(rates["reference"])
+        print(f"  {policy:9s} + {predictor:6s} at {load:g}x: reference {ref:8.0f} requests/CPU-s "
+              f"(min {min(rates['reference']):.0f}, max {max(rates['reference']):.0f}; {steps} steps, "
+              f"{ref * steps / args.requests:,.0f} steps/CPU-s); peak traced memory {max(peaks) / 2**20:.1f} MiB")
+        if "compiled" in kernels:
+            comp = statistics.median(rates["compiled"])
+            same = "identical finish times" if finish["compiled"] == finish["reference"] else "FINISH TIMES DIFFER"
+            print(f"  {'':9s}   {'':6s}         compiled  {comp:8.0f} requests/CPU-s "
+                  f"(min {min(rates['compiled']):.0f}, max {max(rates['compiled']):.0f}); "
+                  f"{comp / ref:.1f}x the reference; {same}")
+    if "compiled" in kernels and load_trace(args.trace).has_feature("feat_last"):
+        hidden_state_cases(args)
     print(f"  process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    if args.million:
+        million(args)
     return 0
+
+
+def hidden_state_cases(args) -> None:
+    """LEAP on the recorded trace itself (not tiled: the hidden states are per request) at 1.5x:
+    frozen leap runs compiled; leap-rls learns online, so --kernel compiled runs the reference."""
+    for predictor in ("leap", "leap-rls"):
+        rates, finish = {}, {}
+        for kernel in ("reference", "compiled"):
+            runs = [timed_run(args.trace, "countdown", predictor, 1.5, None, kernel) for _ in range(args.repeat)]
+            rates[kernel] = statistics.median(s["completed"] / r.sim_cpu_s for s, r in runs)
+            finish[kernel] = runs[-1][1].finish_s.tobytes()
+        same = "identical finish times" if finish["compiled"] == finish["reference"] else "FINISH TIMES DIFFER"
+        print(f"  countdown + {predictor} at 1.5x ({args.trace} as recorded): reference {rates['reference']:8.0f}, "
+              f"compiled {rates['compiled']:8.0f} requests/CPU-s ({rates['compiled'] / rates['reference']:.1f}x); {same}")
+
+
+def compiled_available() -> bool:
+    from simulator.compiled import load_kernel
+    return load_kernel() is not None
+
+
+def million(args) -> None:
+    """One run of ``args.million`` lengths-only requests at 1x with the compiled kernel in a fresh
+    process with an empty cache: CPU seconds from start-up (imports, trace tiling, capacity
+    measurement, compilation) to the summary, and that process's peak RSS."""
+    import os
+    import subprocess
+
+    code = (
+        "import time, resource\n"
+        "from simulator.runner import RunConfig, prepare, execute\n"
+        f"s, r = execute(prepare(RunConfig(trace='sharegpt-lengths', tile={args.million}, load=1.0, "
+        "kernel='compiled')))\n"
+        "print(s['completed'], r.steps, r.sim_cpu_s, time.process_time(), "
+        "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+    with tempfile.TemporaryDirectory(prefix="bench-cache-") as cache:
+        env = dict(os.environ, LEAP_CACHE_DIR=cache, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        print(f"  {args.million:,} requests: failed ({proc.stderr.strip().splitlines()[-1:]})")
+        return
+    completed, steps, loop_s, total_s, rss = proc.stdout.split()
+    print(f"  {int(completed):,} lengths-only requests at 1x, compiled: {float(total_s):.1f} CPU-s start-up "
+          f"included (loop {float(loop_s):.1f} s, {int(steps):,} steps), peak RSS {int(rss) / 1024:.0f} MiB")
 
 
 if __name__ == "__main__":

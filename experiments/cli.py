@@ -23,6 +23,7 @@ from experiments.sweep import SweepInterrupted, add_relative_changes, run_many, 
 from policies import POLICIES
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
+from simulator.compiled import KERNELS
 from simulator.engine import EngineConfig
 from simulator.profiles import DEFAULT_PROFILE, PROFILES, is_profile_name
 from simulator.runner import MAX_SEED, NO_PREDICTOR, PRESETS, RunConfig, config_from_record, prepare
@@ -93,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tile", type=_int("tile", 1), help="repeat the trace to N requests first (whole copies in "
                    "trace order, arrival gaps repeated, ids suffixed #COPY), for scaling studies")
     p.add_argument("--seed", type=_int("seed", 0), default=0, help="first seed")
+    p.add_argument("--kernel", choices=KERNELS, default="reference",
+                   help="engine implementation: the reference SimPy step loop, or the compiled step "
+                        "(numba; same bytes; configurations it does not cover say so and use the reference)")
     p.add_argument("--seeds", type=_int("seeds", 1), default=1, help="run seeds seed .. seed+N-1")
     p.add_argument("--jobs", type=_int("jobs", 1), default=None,
                    help="worker processes for several runs (default: number of CPUs)")
@@ -132,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: Flags that --config leaves free (where results go and how they are shown).
-OUTPUT_FLAGS = ("config", "out", "plots", "json", "quiet", "wide", "jobs", "executor")
+OUTPUT_FLAGS = ("config", "out", "plots", "json", "quiet", "wide", "jobs", "executor", "kernel")
 
 
 def _settings(items: list[str], predictors: list[str]) -> dict:
@@ -406,7 +410,7 @@ def _remove_empty(folders: list[Path]) -> None:
 def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int:
     """The command; output folders it makes are listed in ``created`` (see :func:`main`)."""
     args = build_parser().parse_args(argv)
-    configs = _configs(args)
+    configs = [dataclasses.replace(c, kernel=args.kernel) for c in _configs(args)]
     _note_import(load_trace(configs[0].trace))
     if args.plots and args.out is None:
         raise UsageError("--plots needs --out DIR")

@@ -106,10 +106,11 @@ def capacity_key(workload: Trace, profile_desc: dict, config_desc: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def measure_capacity(workload: Trace, profile, config) -> float:
+def measure_capacity(workload: Trace, profile, config, kernel: str = "reference") -> float:
     """Steady-state saturated FCFS throughput (req/s) of this workload's mix on this engine,
     cached on disk (see :data:`CAPACITY_DEFINITION`). Measured on a long stream resampled from the
-    workload, so that it does not depend on the trace's size or its longest request."""
+    workload, so that it does not depend on the trace's size or its longest request. ``kernel``:
+    the engine implementation that measures it (the compiled one gives the same bytes)."""
     key = capacity_key(workload, profile.describe(), asdict(config))
     path = cache_dir() / "capacity.json"
     cached = _cached_capacity(_read_capacity_cache(path), key, path)
@@ -119,7 +120,8 @@ def measure_capacity(workload: Trace, profile, config) -> float:
     stream = workload.take(rows)
     # queued at once, in stream order: arrival offsets far below one step keep that order
     arrival = np.arange(len(rows)) * 1e-9
-    result = Simulation(stream, arrival, policy=FCFS(), predictor=None, profile=profile, config=config).run()
+    result = Simulation(stream, arrival, policy=FCFS(), predictor=None, profile=profile, config=config,
+                        kernel=kernel).run()
     capacity = float(saturated_throughput(result.admit_s, result.finish_s, config.max_resident))
     table = _read_capacity_cache(path, quiet=True)   # again: another process may have added entries
     table[key] = {"capacity_req_s": capacity, "trace": workload.name, "requests": len(workload),

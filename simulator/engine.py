@@ -25,6 +25,7 @@ import simpy
 from core.trace import Trace
 from policies.base import Policy, SchedulerView
 from predictors.base import Predictor, PredictorCost
+from simulator.compiled import KERNELS, CompiledRun, note_fallback, unsupported
 from simulator.config import EngineConfig
 from simulator.prediction import NoPrediction, PredictionDriver
 from simulator.profiles.base import EngineProfile
@@ -109,7 +110,10 @@ class Simulation:
     def __init__(self, workload: Trace, arrival_s: np.ndarray, *, policy: Policy, predictor: Predictor | None,
                  profile: EngineProfile, config: EngineConfig = DEFAULT_ENGINE_CONFIG, seed: int = 0,
                  charge_cost: bool = True, record_steps: bool = False,
-                 progress: Callable[[int, int], None] | None = None, closed_loop: int | None = None):
+                 progress: Callable[[int, int], None] | None = None, closed_loop: int | None = None,
+                 kernel: str = "reference"):
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown kernel {kernel!r} (known: {', '.join(KERNELS)})")
         arrival_s = np.asarray(arrival_s, dtype=np.float64)
         if arrival_s.shape != (len(workload),):
             raise ValueError(f"need one arrival time per request ({len(workload)}), got {arrival_s.shape}")
@@ -133,6 +137,7 @@ class Simulation:
             self.arrival[self.closed_loop:] = np.inf
         self.policy, self.predictor, self.profile, self.config = policy, predictor, profile, config
         self.charge_cost, self.record_steps, self.progress = charge_cost, record_steps, progress
+        self.kernel = kernel
         if predictor is not None:
             shown = self.workload if predictor.sees_true_lengths else self.workload.without_lengths()
             predictor.bind(shown, np.random.default_rng(seed))
@@ -166,10 +171,23 @@ class Simulation:
         env = simpy.Environment()
         driver.start(env)
         state = {"steps": 0}
-        env.process(self._step_loop(env, table, scheduler, driver, log, state))
+        compiled = None
+        if self.kernel == "compiled":
+            reason = unsupported(self)
+            if reason is None:
+                compiled = CompiledRun(self, table, driver)
+            else:   # never silently: the numbers are the reference engine's
+                note_fallback(reason)
+        if compiled is not None:
+            env.process(compiled.step_process(env, self.progress))
+        else:
+            env.process(self._step_loop(env, table, scheduler, driver, log, state))
         started = time.process_time()
         env.run()
         sim_cpu_s = time.process_time() - started
+        if compiled is not None:
+            table.finished = compiled.finished
+            state["steps"] = compiled.steps
         if table.finished != n:
             raise RuntimeError(f"simulation ended with {n - table.finished} unfinished requests")
         return RunResult(
@@ -178,8 +196,9 @@ class Simulation:
             output_tokens=table.length, predicted_tokens=table.first_predicted, predicted_ready_s=table.ready_s,
             forced_steps=table.forced_steps, steps=state["steps"], gpu_s_charged=driver.gpu_s,
             predictor_cpu_s=driver.cpu_s, updates_published=driver.updates, sim_cpu_s=sim_cpu_s,
-            step_log=log, output_kind=driver.output_kind, mae_in_use=driver.mae_in_use,
-            contended_steps=scheduler.contended)
+            step_log=log, output_kind=driver.output_kind,
+            mae_in_use=driver.mae_in_use if compiled is None else compiled.mae_in_use,
+            contended_steps=scheduler.contended if compiled is None else compiled.contended)
 
     def _step_loop(self, env: simpy.Environment, table: RequestTable, scheduler: Scheduler,
                    driver: NoPrediction, log: StepLog | None, state: dict):

@@ -17,6 +17,7 @@ from predictors import make_predictor
 from predictors.base import PredictorOptions
 from predictors.gpu_cost import describe_cost
 from simulator.capacity import measure_capacity
+from simulator.compiled import KERNELS
 from simulator.engine import EngineConfig, RunResult, Simulation
 from simulator.metrics import summarize
 from simulator.preset import recorded_engine_config, recorded_window
@@ -70,8 +71,11 @@ class RunConfig:
     charge_cost: bool = True
     preset: str | None = None
     engine_overrides: tuple[tuple[str, Any], ...] = ()
+    kernel: str = "reference"           # the engine's implementation; outputs are identical (not recorded)
 
     def __post_init__(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ValueError(f"unknown kernel {self.kernel!r} (known: {', '.join(KERNELS)})")
         if self.arrivals.as_recorded:
             if self.load is not None:
                 raise ValueError(f"--load does not apply to --arrivals {self.arrivals.describe()}: requests are "
@@ -100,6 +104,7 @@ class RunConfig:
 
     def describe(self) -> dict:
         d = asdict(self)
+        del d["kernel"]   # the compiled kernel replays the reference engine byte for byte
         d["arrivals"] = self.arrivals.describe()
         d["trace"] = trace_reference(self.trace)        # no absolute paths in shared outputs
         d["predictor_options"]["train_trace"] = trace_reference(self.predictor_options.train_trace)
@@ -195,14 +200,14 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
         if config.arrivals.kind == "closed":
             window = config.arrivals.window or recorded_window(trace)
     else:
-        capacity = measure_capacity(workload, profile, engine_config)
+        capacity = measure_capacity(workload, profile, engine_config, kernel=config.kernel)
         assert config.load is not None   # RunConfig refuses a rate-driven run without a load
         rate = config.load * capacity
         arrival_s = make_arrivals(config.arrivals, workload, rate, config.seed)
     # binds the predictor (trains or loads it), so a bad training trace fails before any output
     sim = Simulation(workload, arrival_s, policy=policy, predictor=predictor, profile=profile,
                      config=engine_config, seed=config.seed, charge_cost=config.charge_cost,
-                     record_steps=record_steps, progress=progress, closed_loop=window)
+                     record_steps=record_steps, progress=progress, closed_loop=window, kernel=config.kernel)
     resolved = {
         **config.describe(),
         "trace_name": trace.name,

@@ -53,7 +53,8 @@ def test_bench_simulator_runs(tmp_path):
                           env=bench_env(tmp_path), cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "150 requests (tiled from 40)" in proc.stdout
-    assert proc.stdout.count("requests/CPU-s") == 2
+    assert proc.stdout.count("requests/CPU-s") == 6   # 3 cases x (reference, compiled)
+    assert proc.stdout.count("identical finish times") == 3
 
 
 def test_bench_leap_runs(tmp_path):

@@ -1,0 +1,288 @@
+"""The compiled step replays the reference engine byte for byte (``simulate --kernel compiled``).
+
+Hypothesis workloads (the invariant tests' strategies) and real traces run under both kernels; every
+per-request array, the step count, the contended steps, the in-use error and the summary (less
+``sim_cpu_s``) must be identical. Configurations the kernel does not cover must say so and give the
+reference engine's numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("numba")
+
+from core.trace import trace_from_arrays  # noqa: E402
+from policies import make_policy  # noqa: E402
+from simulator.compiled import unsupported  # noqa: E402
+from simulator.engine import Simulation  # noqa: E402
+from simulator.profiles import make_profile  # noqa: E402
+from simulator.profiles.unit import UnitProfile  # noqa: E402
+from simulator.runner import RunConfig, execute, prepare  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_invariants import HYPO, FixedPredictor, cases, make_predictor_for  # noqa: E402
+
+from predictors.base import Known, PredictorCost  # noqa: E402
+
+
+class QueueAwareCharged(FixedPredictor):
+    """An arrival-stage predictor scored in Python: reads Known, charges the GPU, maybe rank-only."""
+
+    name = "queue-aware"
+
+    def __init__(self, values, output: str):
+        super().__init__(values)
+        self.output = output
+
+    def predict(self, rows, known: Known | None = None):
+        assert known is not None
+        return self._rows[rows] + 0.37 * known.arrived - 0.11 * known.finished
+
+    def cost(self, hardware=None):
+        return PredictorCost(gpu_s_per_call=0.013, gpu_s_per_request=0.0021, gpu_s_per_prompt_token=1.7e-5)
+
+ARRAYS = ("arrival_s", "admit_s", "first_token_s", "finish_s", "predicted_tokens", "predicted_ready_s",
+          "forced_steps", "rows_request_id", "output_tokens")
+SCALARS = ("steps", "contended_steps", "mae_in_use", "gpu_s_charged", "predictor_cpu_s", "updates_published")
+
+
+def assert_identical(ref, comp) -> None:
+    for name in ARRAYS:
+        a, b = np.asarray(getattr(ref, name)), np.asarray(getattr(comp, name))
+        assert a.dtype == b.dtype, name
+        assert (a.tolist() == b.tolist()) if a.dtype == object else a.tobytes() == b.tobytes(), name
+    for name in SCALARS:
+        assert repr(getattr(ref, name)) == repr(getattr(comp, name)), name
+
+
+def simulate(case, kernel: str, profile, predictor=None):
+    wl = trace_from_arrays("hypo", case.prompt, case.output)
+    sim = Simulation(wl, np.asarray(case.arrival, dtype=np.float64), policy=make_policy(case.policy),
+                     predictor=predictor or make_predictor_for(case), profile=profile, config=case.config,
+                     seed=case.seed, kernel=kernel, closed_loop=case.closed_loop)
+    assert kernel == "reference" or unsupported(sim) is None   # the kernel really ran
+    return sim.run()
+
+
+@settings(max_examples=150, **HYPO)
+@given(cases(policies=("fcfs", "countdown"), predictors=("fixed",)))
+def test_compiled_matches_reference_with_python_scored_predictors(case):
+    """Scores computed in Python at each arrival (queue-aware, GPU-charged, length or rank)."""
+    output = "rank" if case.seed % 2 else "length"
+    profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
+    ref = simulate(case, "reference", profile, QueueAwareCharged(case.fixed, output))
+    assert_identical(ref, simulate(case, "compiled", profile, QueueAwareCharged(case.fixed, output)))
+
+
+@settings(max_examples=300, **HYPO)
+@given(cases(policies=("fcfs", "countdown"), predictors=("oracle", "noisy", "fixed")))
+def test_compiled_matches_reference_on_hypothesis_workloads(case):
+    case.decodes_in_budget = case.seed % 2 == 1
+    profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
+    assert_identical(simulate(case, "reference", profile), simulate(case, "compiled", profile))
+
+
+class PrefillStage(FixedPredictor):
+    """A hidden-state predictor: its estimate exists once prefill reaches the tapped layer plus its
+    CPU time, often after the step ends (a SimPy event between steps)."""
+
+    name = "prefill-fixed"
+    stage = "prefill"
+
+    def __init__(self, values, cpu_s: float, tap: float):
+        super().__init__(values)
+        self.cpu_s, self.tap = cpu_s, tap
+
+    def predict(self, rows, known: Known | None = None):
+        assert known is not None
+        return self._rows[rows] + 0.29 * known.arrived - 0.13 * known.finished
+
+    def cost(self, hardware=None):
+        return PredictorCost(gpu_s_per_call=0.011, gpu_s_per_request=0.0023, gpu_s_per_prompt_token=1.3e-5,
+                             cpu_s_per_prediction=self.cpu_s, tap_fraction=self.tap)
+
+
+@settings(max_examples=300, **HYPO)
+@given(cases(policies=("fcfs", "countdown"), predictors=("fixed",)))
+def test_compiled_matches_reference_with_prefill_stage_predictors(case):
+    cpu_s = [0.0, 0.3, 1.7, 0.004][case.seed % 4]
+    tap = [1.0, 0.5, 0.8][case.seed % 3]
+    case.chunked_prefill = case.seed % 5 == 0
+    case.decodes_in_budget = case.seed % 7 == 0
+    profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
+    ref = simulate(case, "reference", profile, PrefillStage(case.fixed, cpu_s, tap))
+    assert_identical(ref, simulate(case, "compiled", profile, PrefillStage(case.fixed, cpu_s, tap)))
+
+
+@st.composite
+def vllm_cases(draw):
+    """As ``test_invariants.vllm_cases`` (chunked prefill, decodes in the budget, closed loop), on the
+    compiled policies."""
+    case = draw(cases(policies=("fcfs", "countdown"), predictors=("oracle", "noisy", "fixed")))
+    case.chunked_prefill = draw(st.booleans())
+    case.decodes_in_budget = draw(st.booleans())
+    if draw(st.booleans()):
+        case.closed_loop = draw(st.integers(min_value=1, max_value=len(case.prompt) + 2))
+        case.arrival = [case.arrival[0]] * len(case.prompt)
+    if not (case.chunked_prefill or case.decodes_in_budget or case.closed_loop):
+        case.chunked_prefill = True
+    return case
+
+
+@settings(max_examples=300, **HYPO)
+@given(vllm_cases())
+def test_compiled_matches_reference_under_vllm_v1_scheduling(case):
+    profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
+    assert_identical(simulate(case, "reference", profile), simulate(case, "compiled", profile))
+
+
+@settings(max_examples=100, **HYPO)
+@given(cases(policies=("fcfs",), predictors=("none",)))
+def test_compiled_matches_reference_without_predictor(case):
+    profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
+    assert_identical(simulate(case, "reference", profile), simulate(case, "compiled", profile))
+
+
+@pytest.mark.parametrize("load", [1.0, 2.0])
+@pytest.mark.parametrize(("policy", "predictor"), [("fcfs", "none"), ("countdown", "oracle"),
+                                                   ("countdown", "noisy-oracle")])
+def test_compiled_matches_reference_on_real_trace(policy, predictor, load):
+    config = RunConfig(trace="sharegpt-lengths", predictor=predictor, policy=policy, load=load, requests=2000)
+    runs = {}
+    for kernel in ("reference", "compiled"):
+        prepared = prepare(dataclasses.replace(config, kernel=kernel))
+        assert unsupported(prepared.simulation) is None
+        summary, result = execute(prepared)
+        summary.pop("sim_cpu_s")
+        runs[kernel] = summary, result
+    assert repr(runs["reference"][0]) == repr(runs["compiled"][0])
+    assert_identical(runs["reference"][1], runs["compiled"][1])
+
+
+@pytest.mark.parametrize("engine", ["fitted", "qwen3-8b-h200", "llama3-8b-a100", "unit"])
+def test_compiled_matches_reference_on_every_profile(engine):
+    config = RunConfig(trace="sharegpt", predictor="oracle", policy="countdown", engine=engine, load=1.5)
+    results = []
+    for kernel in ("reference", "compiled"):
+        prepared = prepare(dataclasses.replace(config, kernel=kernel))
+        assert unsupported(prepared.simulation) is None
+        results.append(execute(prepared)[1])
+    assert_identical(*results)
+
+
+@settings(max_examples=150, **HYPO)
+@given(cases(policies=("fcfs", "countdown"), predictors=("oracle", "fixed")), st.integers(0, 60), st.booleans())
+def test_compiled_matches_reference_with_a_kv_budget(case, extra, chunked):
+    """The optional second admission limit (KV tokens), with and without chunked prefill."""
+    case.chunked_prefill = chunked
+    config = dataclasses.replace(case.config, kv_token_budget=case.max_resident + extra)
+    profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
+    runs = []
+    for kernel in ("reference", "compiled"):
+        wl = trace_from_arrays("hypo", case.prompt, case.output)
+        sim = Simulation(wl, np.asarray(case.arrival, dtype=np.float64), policy=make_policy(case.policy),
+                         predictor=make_predictor_for(case), profile=profile, config=config, seed=case.seed,
+                         kernel=kernel)
+        try:
+            runs.append(sim.run())
+        except Exception as exc:   # the same refusal (a stall) from both
+            runs.append(repr(exc))
+    if isinstance(runs[0], str) or isinstance(runs[1], str):
+        assert runs[0] == runs[1]
+    else:
+        assert_identical(*runs)
+
+
+@pytest.mark.parametrize(("policy", "predictor"), [("fcfs", "none"), ("countdown", "oracle")])
+@pytest.mark.parametrize("arrivals", ["closed", "poisson"])
+def test_compiled_matches_reference_on_recorded_preset(policy, predictor, arrivals):
+    """The recorded serving setup: chunked prefill, decodes in the budget, closed-loop batch replay."""
+    from simulator.workload import ArrivalSpec
+
+    config = RunConfig(trace="sharegpt", predictor=predictor, policy=policy, preset="recorded",
+                       arrivals=ArrivalSpec.parse(arrivals), load=None if arrivals == "closed" else 1.5)
+    runs = {}
+    for kernel in ("reference", "compiled"):
+        prepared = prepare(dataclasses.replace(config, kernel=kernel))
+        assert prepared.simulation.config.chunked_prefill
+        assert unsupported(prepared.simulation) is None
+        summary, result = execute(prepared)
+        summary.pop("sim_cpu_s")
+        runs[kernel] = summary, result
+    assert repr(runs["reference"][0]) == repr(runs["compiled"][0])
+    assert_identical(runs["reference"][1], runs["compiled"][1])
+
+
+def test_unsupported_configuration_says_so_and_uses_the_reference(capsys):
+    from simulator.compiled import note_fallback
+
+    note_fallback.cache_clear()
+    config = RunConfig(trace="sharegpt-lengths", predictor="oracle", policy="aging", load=1.0, requests=200)
+    ref_summary, ref = execute(prepare(config))
+    comp_summary, comp = execute(prepare(dataclasses.replace(config, kernel="compiled")))
+    assert "--kernel compiled: policy 'aging' is not compiled" in capsys.readouterr().err
+    assert_identical(ref, comp)
+    execute(prepare(dataclasses.replace(config, kernel="compiled")))
+    assert "--kernel compiled" not in capsys.readouterr().err   # said once per process
+
+
+def test_unknown_kernel_is_refused():
+    with pytest.raises(ValueError, match="unknown kernel"):
+        RunConfig(trace="sharegpt-lengths", kernel="fast")
+
+
+def test_without_numba_compiled_runs_the_reference(monkeypatch, capsys):
+    from simulator import compiled
+
+    monkeypatch.setattr(compiled, "load_kernel", lambda: None)
+    compiled.note_fallback.cache_clear()
+    config = RunConfig(trace="sharegpt-lengths", predictor="oracle", policy="countdown", load=1.0, requests=200)
+    _, ref = execute(prepare(config))
+    _, comp = execute(prepare(dataclasses.replace(config, kernel="compiled")))
+    assert "--kernel compiled: numba is not installed (or does not load); this run uses the reference engine" \
+        in capsys.readouterr().err
+    assert_identical(ref, comp)
+
+
+def test_simulate_kernel_flag_writes_identical_files(tmp_path):
+    import json
+
+    from experiments.cli import main
+
+    outs = {}
+    for kernel in ("reference", "compiled"):
+        out = tmp_path / kernel
+        assert main(["--trace", "sharegpt-lengths", "--requests", "300", "--predictor", "oracle", "--policy",
+                     "countdown", "--load", "1.5x", "--kernel", kernel, "--out", str(out), "--quiet"]) == 0
+        outs[kernel] = out
+    ref, comp = outs["reference"], outs["compiled"]
+    assert (ref / "requests.parquet").read_bytes() == (comp / "requests.parquet").read_bytes()
+    summaries = [json.loads((d / "summary.json").read_text()) for d in (ref, comp)]
+    for summary in summaries:
+        summary.pop("sim_cpu_s", None)
+    assert summaries[0] == summaries[1]
+    assert (ref / "config.json").read_bytes() == (comp / "config.json").read_bytes()   # the kernel is not recorded
+
+
+def test_float_helpers_replicate_python_and_numpy():
+    """The kernel's hypot is CPython's math.hypot and its sum numpy's pairwise sum, bit for bit."""
+    import math
+
+    from simulator import compiled
+
+    compiled.load_kernel()   # the jitted helpers
+    rng = np.random.default_rng(7)
+    a = rng.uniform(0, 1, 20000) * 10.0 ** rng.integers(-8, 3, 20000)
+    b = rng.uniform(0, 1, 20000) * 10.0 ** rng.integers(-8, 3, 20000)
+    assert all(compiled._py_hypot(x, y) == math.hypot(x, y) for x, y in zip(a, b))
+    for n in [*range(1, 300), 1000, 4099]:
+        v = np.abs(rng.normal(0, 100, n))
+        assert compiled._pairwise(v, 0, n) == float(v.sum())
