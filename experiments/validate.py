@@ -117,8 +117,8 @@ def _validate(argv: list[str]) -> int:
     p.add_argument("traces", nargs="*", help=f"traces (default: {', '.join(BATCH_TRACES)}); serving runs, e.g. "
                    "traces/live/alpaca200-*.parquet")
     p.add_argument("--profile-from", help=f"trace whose steps the profile is fitted on (batch default: "
-                   f"{DEFAULT_PROFILE_FROM}, for that trace itself math; serving default: the FCFS run of the "
-                   "same workload at the other load)")
+                   f"{DEFAULT_PROFILE_FROM}, for that trace itself math; serving default: another run of the same workload "
+                   "at the same load, FCFS first)")
     p.add_argument("--matrix", action="store_true", help="every (trace, profile-from) pair of distinct batch traces")
     p.add_argument("--requests", type=int, help="replay only the first N requests (batch traces)")
     p.add_argument("--predictor-cost", default="none", choices=PREDICTOR_COSTS,
