@@ -159,22 +159,10 @@ class VLLMBackend(Backend):
 
         submit()
         while live or queue:
-            outs = self.engine.step()
+            tokens, finished = self._step(live, done)
             now = time.perf_counter()
-            for o in outs:
-                st = live.get(o.request_id)
-                if st is None:
-                    continue
-                c = o.outputs[0]
-                k = len(c.token_ids)
-                if k:
-                    st["times"].extend([now - st["t0"]] * k)
-                    st["n"] += k
-                    gen_tokens += k
-                if o.finished:
-                    st["finish"] = "length" if c.finish_reason == "length" else "stop"
-                    done.append(live.pop(o.request_id))
-                    n_done += 1
+            gen_tokens += tokens
+            n_done += finished
             submit()
             if done and (len(done) >= flush_n or now - last_flush > flush_every_s):
                 flush()
@@ -241,22 +229,10 @@ class VLLMBackend(Backend):
                 if pending:
                     time.sleep(max(0.0, pending[0][0] - (time.perf_counter() - t0)))
                 continue
-            outs = self.engine.step()
+            tokens, finished = self._step(live, done)
             now = time.perf_counter()
-            for o in outs:
-                st = live.get(o.request_id)
-                if st is None:
-                    continue
-                c = o.outputs[0]
-                k = len(c.token_ids)
-                if k:
-                    st["times"].extend([now - st["t0"]] * k)
-                    st["n"] += k
-                    gen_tokens += k
-                if o.finished:
-                    st["finish"] = "length" if c.finish_reason == "length" else "stop"
-                    done.append(live.pop(o.request_id))
-                    n_done += 1
+            gen_tokens += tokens
+            n_done += finished
             if done and (len(done) >= flush_n or now - last_flush > flush_every_s):
                 flush()
                 last_flush = now
@@ -298,6 +274,28 @@ class VLLMBackend(Backend):
         return {"capacity_req_s": k / window, "saturated": saturated, "window_s": window,
                 "completions_in_window": k, "requests": n, "makespan_s": finish_t[-1],
                 "generated_tokens": gen_tokens, "steps": step_summary(steps)}
+
+    def _step(self, live: dict, done: list) -> tuple[int, int]:
+        """One engine step: each output's tokens stamped (offset from its request's submission),
+        finished requests moved from ``live`` to ``done``; returns (tokens, finished)."""
+        outs = self.engine.step()
+        now = time.perf_counter()
+        tokens = finished = 0
+        for o in outs:
+            st = live.get(o.request_id)
+            if st is None:
+                continue
+            c = o.outputs[0]
+            k = len(c.token_ids)
+            if k:
+                st["times"].extend([now - st["t0"]] * k)
+                st["n"] += k
+                tokens += k
+            if o.finished:
+                st["finish"] = "length" if c.finish_reason == "length" else "stop"
+                done.append(live.pop(o.request_id))
+                finished += 1
+        return tokens, finished
 
     def close(self):
         try:

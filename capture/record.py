@@ -359,7 +359,7 @@ def _metadata(args, model_dir, cfg, run_config, template, skipped, *, complete: 
         "limit": args.limit,
         "skipped_long_prompts": len(skipped),
         "capture_date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "host": _host(),
+        "host": host_description(),
         "timing": ("closed loop: requests are submitted to the engine as earlier ones finish, "
                    "keeping about max_num_seqs (+1/8) in flight; ttft_s, e2e_s and token_times_s "
                    "are seconds from a request's submission; arrival_s is its submission "
@@ -404,7 +404,7 @@ def _hf_threads(args):
     return 1
 
 
-def _host() -> str:
+def host_description() -> str:
     """A coarse description of the recording machine (CPU model, core count, OS, architecture):
     enough to read the timings, nothing that names the machine (no host name, no kernel build)."""
     cpu = platform.processor() or ""

@@ -35,7 +35,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from capture import CaptureError
+from capture.record import host_description
 from core.cli import OneLineParser, run_command
 
 CAPACITY_FILE = "live_capacity.json"
@@ -685,7 +685,7 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
             "chat_template_sha256": tsha,
             "prompt_sources": src.metadata.get("prompt_sources"),
             "capture_date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "host": _host(),
+            "host": host_description(),
             "timing": SERVE_TIMING,
             "decode_every_k": 0,
             "decode_layers": [],
@@ -794,19 +794,6 @@ def _write_json(path: Path, obj) -> None:
     from core.io import atomic_write_bytes
 
     atomic_write_bytes(path, json.dumps(obj).encode())
-
-
-def _host() -> str:
-    """CPU model and count (no host name: metadata is shared)."""
-    cpu = platform.processor() or ""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}; {os.cpu_count()} cpus; {platform.system()}"
 
 
 def main(argv=None) -> int:
