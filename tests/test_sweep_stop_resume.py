@@ -54,8 +54,16 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def default_signals() -> None:
+    """The sweep as started from a terminal: SIGINT and SIGTERM at their defaults (a test process
+    may have inherited SIGINT ignored, e.g. under a background shell, and children inherit that)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def start_and_wait_for_a_finished_run(out: Path, env: dict) -> tuple[subprocess.Popen, list[int]]:
     proc = subprocess.Popen([sys.executable, "-m", "experiments.cli", *SWEEP, "--out", str(out)], env=env,
+                            preexec_fn=default_signals,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not list(out.glob("*/summary.json")):
