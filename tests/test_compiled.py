@@ -9,6 +9,7 @@ reference engine's numbers.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -17,7 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("numba")
+# numba itself is imported only when a test runs the kernel (not at collection): once loaded, it
+# trips vLLM 0.32's dispatcher scan in a vLLM engine started later in the same process
+if importlib.util.find_spec("numba") is None:
+    pytest.skip("numba is not installed (extra `fast`): the compiled kernel falls back", allow_module_level=True)
 
 from core.trace import trace_from_arrays  # noqa: E402
 from policies import make_policy  # noqa: E402
