@@ -111,12 +111,7 @@ class VLLMBackend(Backend):
         def submit():
             while queue and len(live) < self.window:
                 req: GenRequest = queue.popleft()
-                t = time.perf_counter()
-                internal = self.engine.add_request(
-                    req.request_id, {"prompt_token_ids": req.prompt_token_ids}, params)
-                ids[internal if isinstance(internal, str) else req.request_id] = req.request_id
-                live[req.request_id] = {"req": req, "t0": t, "times": [], "n": 0,
-                                        "internal": internal}
+                self._submit(req, params, live, ids)
 
         def fetch():
             got = self.engine.collective_rpc("ct_fetch")[0]
@@ -216,12 +211,7 @@ class VLLMBackend(Backend):
             now = time.perf_counter()
             while pending and pending[0][0] <= now - t0:
                 planned, req, params = pending.popleft()
-                t = time.perf_counter()
-                internal = self.engine.add_request(
-                    req.request_id, {"prompt_token_ids": req.prompt_token_ids}, params)
-                ids[internal if isinstance(internal, str) else req.request_id] = req.request_id
-                live[req.request_id] = {"req": req, "t0": t, "times": [], "n": 0,
-                                        "internal": internal}
+                t = self._submit(req, params, live, ids)
                 lags.append(t - t0 - planned)
                 if on_submit is not None:
                     on_submit(req.request_id, planned, t - t0)
@@ -274,6 +264,15 @@ class VLLMBackend(Backend):
         return {"capacity_req_s": k / window, "saturated": saturated, "window_s": window,
                 "completions_in_window": k, "requests": n, "makespan_s": finish_t[-1],
                 "generated_tokens": gen_tokens, "steps": step_summary(steps)}
+
+    def _submit(self, req, params, live: dict, ids: dict) -> float:
+        """Add one request to the engine; its state (submission time ``t0``) goes into ``live``,
+        the engine's internal id into ``ids``. Returns the submission time."""
+        t = time.perf_counter()
+        internal = self.engine.add_request(req.request_id, {"prompt_token_ids": req.prompt_token_ids}, params)
+        ids[internal if isinstance(internal, str) else req.request_id] = req.request_id
+        live[req.request_id] = {"req": req, "t0": t, "times": [], "n": 0, "internal": internal}
+        return t
 
     def _step(self, live: dict, done: list) -> tuple[int, int]:
         """One engine step: each output's tokens stamped (offset from its request's submission),
