@@ -33,6 +33,15 @@ PROBE_MEM_ELEMENTS = 16 * 2**20          # float32: 64 MiB
 PROBE_MEM_EVERY = 4
 
 
+def query_starts(runner, n: int) -> np.ndarray:
+    """The step's flattened-row offset of each of its ``n`` requests (``n + 1`` values), from the V1
+    model runner: ``query_start_loc_np`` in vLLM 0.8.5, ``query_start_loc.np`` in current vLLM."""
+    qsl = getattr(runner, "query_start_loc_np", None)
+    if qsl is None:
+        qsl = runner.query_start_loc.np
+    return np.asarray(qsl[: n + 1], dtype=np.int64)
+
+
 def run_probe(a: torch.Tensor) -> float:
     """Seconds for ``PROBE_REPS`` fixed matmuls (~1 ms on one core of the recording box)."""
     t = time.perf_counter()
@@ -152,10 +161,7 @@ class CaptureExt:
             if n == 0:
                 return
             self._ct_calls += 1
-            qsl_np = getattr(r, "query_start_loc_np", None)
-            if qsl_np is None:
-                qsl_np = r.query_start_loc.np
-            qsl = np.asarray(qsl_np[: n + 1], dtype=np.int64)
+            qsl = query_starts(r, n)
             qlen = np.diff(qsl)
             nprompt = np.asarray(ib.num_prompt_tokens[:n], dtype=np.int64)
             ncomp = np.asarray(ib.num_computed_tokens_cpu[:n], dtype=np.int64)

@@ -22,7 +22,7 @@ from collections import deque
 import numpy as np
 import torch
 
-from capture.vllm_ext import CaptureExt
+from capture.vllm_ext import CaptureExt, query_starts
 
 
 class PredictionChannel:
@@ -93,10 +93,7 @@ class LiveExt(CaptureExt):
             if n == 0:
                 return
             ch.hook_calls += 1
-            qsl_np = getattr(r, "query_start_loc_np", None)
-            if qsl_np is None:
-                qsl_np = r.query_start_loc.np
-            qsl = np.asarray(qsl_np[: n + 1], dtype=np.int64)
+            qsl = query_starts(r, n)
             off = (np.asarray(ib.num_prompt_tokens[:n], dtype=np.int64) - 1
                    - np.asarray(ib.num_computed_tokens_cpu[:n], dtype=np.int64))
             sel = np.nonzero((off >= 0) & (off < np.diff(qsl)))[0]
