@@ -119,7 +119,7 @@ def bench(args, trace: str, trace_requests: int) -> int:
 
 def hidden_state_cases(args) -> None:
     """LEAP on the recorded trace itself (not tiled: the hidden states are per request) at 1.5x:
-    frozen leap runs compiled; leap-rls learns online, so --kernel compiled runs the reference."""
+    frozen leap, and leap-rls, whose online updates publish between compiled steps."""
     for predictor in ("leap", "leap-rls"):
         rates, finish = {}, {}
         for kernel in ("reference", "compiled"):

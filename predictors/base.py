@@ -142,6 +142,9 @@ class Predictor(ABC):
     sees_true_lengths: ClassVar[bool] = False  # oracles only: bound to the trace with its true lengths
     queue_aware: ClassVar[bool] = False        # its estimates depend on ``Known`` (arrived, finished)
     refresh_every: int | None = None
+    # feedback returns None until this many finished rows have reached it since its last update, so
+    # an engine may hold the calls back until then (the compiled kernel does; 1: any call may update)
+    feedback_batch: int = 1
 
     settings_defaults: ClassVar[dict] = {}     # this predictor's own settings and their defaults (typed)
 

@@ -4,12 +4,19 @@ The reference engine (:mod:`simulator.engine`) stays the definition; this kernel
 same float64 arithmetic in the same order, so its outputs are byte-identical (the identity tests in
 ``tests/test_compiled.py`` hold it to that). It covers runs with no predictor, the oracles
 (estimates fixed at bind time, inside the kernel), arrival-stage predictors scored in Python when
-rows arrive, and prefill-stage predictors predicted in Python after each prefilling step (an
-estimate ready after its step's end fires as a SimPy event between compiled steps), none of them
-refreshing or learning online; FCFS or countdown; the roofline / fitted / unit profiles; chunked
-prefill and closed loop included; no step logs. Anything else (leap-rls, TRAIL, aging, the
-starvation policies) runs on the reference engine, and :func:`unsupported` says why. Without numba
-the compiled kernel is unavailable and every run uses the reference engine (the pure-numpy path).
+rows arrive, prefill-stage predictors predicted in Python after each prefilling step, and online
+learning (LEAP+RLS): the kernel buffers finished rows until a feedback batch is due, Python runs the
+predictor's feedback, and the CPU worker's publishes fire between compiled steps; FCFS or
+countdown; the roofline / fitted / unit profiles; chunked prefill and closed loop included; no step
+logs. Anything else (decode-time refresh, TRAIL, aging, the starvation policies) runs on the
+reference engine, and :func:`unsupported` says why. Without numba the compiled kernel is unavailable
+and every run uses the reference engine (the pure-numpy path).
+
+Events between steps (an estimate ready after its step ended, an online update's publish) keep
+SimPy's order: by time, then creation. The kernel counts the step loop's timeouts (steps and idle
+waits), and each event remembers how many were created before it, so an event at exactly a step's
+end fires before that step lands only if it was created before the step began, as in SimPy.
+Python then fires it against the system as it was before the landing (residents, finished count).
 
 The kernel keeps the resident set in row order and, for countdown, also in a persistent array sorted
 by (key, row) (the reference's stable argsort order): a step decodes its prefix, whose keys are the
@@ -22,6 +29,7 @@ The SimPy process around it (:meth:`CompiledRun.step_process`) advances the simu
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 import sys
 
@@ -39,13 +47,15 @@ REMAINING_FLOOR = 0.5            # policies.countdown.REMAINING_FLOOR (checked a
 # integer state slots
 S_STEP, S_FINISHED, S_ARRIVED, S_SCORED, S_N_ADMITTED, S_N_RES, S_KV_USED, S_HEAP, S_CONTENDED, \
     S_DECODES, S_STATUS, S_STALL_READY, S_STALL_WAITING, S_PY_SCORED, S_PARTIAL, S_RELEASED, \
-    S_LRU_HEAD, S_LRU_TAIL, S_REKEY, S_N_FIRST, S_DONE_LAST = range(21)
-N_INT_STATE = 21
+    S_LRU_HEAD, S_LRU_TAIL, S_REKEY, S_N_FIRST, S_DONE_LAST, S_YIELDS, S_NEXT_YB, S_FB_N, S_FB_GROUPS, \
+    S_FB_BATCH = range(26)
+N_INT_STATE = 26
 # float state slots
 F_NOW, F_ABS_ERROR, F_CHARGE, F_NEXT_EVENT, F_START, F_DURATION, F_GPU_S = range(7)
 N_FLOAT_STATE = 7
-# kernel exit status
-DONE_OR_CHUNK, STALLED, NEEDS_SCORES, NEEDS_PREFILL, NEEDS_EVENT = 0, 1, 2, 3, 4
+# kernel exit status (AFTER_STEP: Python's part of the step just landed: prefill estimates, feedback)
+DONE_OR_CHUNK, STALLED, NEEDS_SCORES, AFTER_STEP, NEEDS_EVENT = 0, 1, 2, 3, 4
+REKEY_RESORT = 16                # more re-estimated rows than this: re-key every resident and re-sort
 # decode keys: row order (FCFS), countdown's remaining length, a rank predictor's static score
 KEY_ROW, KEY_REMAINING, KEY_SCORE = 0, 1, 2
 # how estimates reach the kernel
@@ -75,8 +85,6 @@ def unsupported(sim) -> str | None:
             return f"predictor {p.name!r} refreshes during decode"
         if type(p).after_prefill is not Predictor.after_prefill:
             return f"predictor {p.name!r} re-estimates after prefill"
-        if type(p).feedback is not Predictor.feedback:
-            return f"predictor {p.name!r} learns online"
     if type(sim.profile) not in (RooflineProfile, FittedProfile, UnitProfile):
         return f"engine profile {sim.profile.name!r} is not compiled"
     if type(sim.profile) is FittedProfile and not all(
@@ -253,19 +261,32 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
                kind, pi, pf,
                generated, last_served, forced_steps, admitted, admit_s, first_token_s, finish_s,
                first_predicted, ready_s, prefilled, resident, hk, hr, scratch_rows, chosen, admit, firsts,
-               err, ord_rows, ord_keys, lru_prev, lru_next, rekey, gc, ist, fst):
+               err, ord_rows, ord_keys, lru_prev, lru_next, rekey, done_rows, fb_rows, fb_ends, gc, ist, fst):
     """Advance the engine up to ``max_steps`` steps (``simulator.engine.Simulation._step_loop``)."""
     n = arrival.shape[0]
     step, finished, arrived, scored = ist[S_STEP], ist[S_FINISHED], ist[S_ARRIVED], ist[S_SCORED]
     n_admitted, n_res, kv_used, heap = ist[S_N_ADMITTED], ist[S_N_RES], ist[S_KV_USED], ist[S_HEAP]
     contended, decodes, partial, released = ist[S_CONTENDED], ist[S_DECODES], ist[S_PARTIAL], ist[S_RELEASED]
     lru_head, lru_tail = ist[S_LRU_HEAD], ist[S_LRU_TAIL]
+    yields, fb_n, fb_groups, fb_batch = ist[S_YIELDS], ist[S_FB_N], ist[S_FB_GROUPS], ist[S_FB_BATCH]
     now, abs_error, charge = fst[F_NOW], fst[F_ABS_ERROR], fst[F_CHARGE]
     has_pred = pred_mode != PRED_NONE
     done_steps = 0
     status = 0
-    # estimates Python published since the last call move their rows within the (key, row) order
-    if keys_on != KEY_ROW:
+    # estimates Python published since the last call move their rows within the (key, row) order;
+    # many at once (an online update re-scores every resident): re-key all and re-sort (keys move
+    # little, so the insertion sort is near linear)
+    if keys_on != KEY_ROW and ist[S_REKEY] > REKEY_RESORT:
+        for i in range(n_res):
+            ord_keys[i] = _key(ord_rows[i], keys_on, predicted, generated)
+        for a in range(1, n_res):
+            kr, rr = ord_keys[a], ord_rows[a]
+            b = a - 1
+            while b >= 0 and _before(kr, rr, ord_keys[b], ord_rows[b]):
+                ord_keys[b + 1], ord_rows[b + 1] = ord_keys[b], ord_rows[b]
+                b -= 1
+            ord_keys[b + 1], ord_rows[b + 1] = kr, rr
+    elif keys_on != KEY_ROW:
         for j in range(ist[S_REKEY]):
             r = rekey[j]
             if finish_s[r] == finish_s[r]:
@@ -288,14 +309,18 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
             ord_keys[lo], ord_rows[lo] = kr, r
     ist[S_REKEY] = 0
     while finished < n and done_steps < max_steps:
-        if now >= fst[F_NEXT_EVENT]:   # a SimPy event (a delayed estimate) fires before this step
+        # a SimPy event fired before the step loop resumed here: earlier, or at this instant and
+        # created before the step loop's last timeout (SimPy's order: time, then creation)
+        if now > fst[F_NEXT_EVENT] or (now == fst[F_NEXT_EVENT] and ist[S_NEXT_YB] < yields):
             status = NEEDS_EVENT
             break
         while arrived < n and arrival[arrived] <= now:
             arrived += 1
         if n_res == 0 and partial < 0 and n_admitted >= arrived:   # idle: wait for the next arrival
             now = now + (arrival[arrived] - now)
+            yields += 1
             ist[S_DONE_LAST] = 0       # nothing finishes while idle
+            ist[S_N_FIRST] = 0
             continue
         if pred_mode == PRED_PYTHON and ist[S_PY_SCORED] < arrived:
             status = NEEDS_SCORES   # the predictor scores rows [scored, arrived) in Python, at `now`
@@ -422,6 +447,7 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
             ist[S_STALL_READY] = n_res
             ist[S_STALL_WAITING] = waiting
             break
+        yields += 1
         if n_res > decode_slots or (ordered and arrived > n_admitted):
             contended += 1
         # prefill (Scheduler._prefill): rows whose prompt completes this step emit their first token
@@ -493,6 +519,7 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
             r = chosen[j]
             if generated[r] >= length[r]:
                 finish_s[r] = end
+                done_rows[n_done] = r
                 n_done += 1
                 kv_used -= prompt[r] + length[r]
         for j in range(n_admit):
@@ -508,6 +535,7 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
             r = firsts[j]
             if length[r] <= 1:
                 finish_s[r] = end
+                done_rows[n_done] = r
                 n_done += 1
                 kv_used -= prompt[r] + length[r]
         finished += n_done
@@ -615,19 +643,27 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
             released += fresh
         fst[F_START], fst[F_DURATION] = now, duration
         ist[S_DONE_LAST] = n_done      # an event due within this step saw the system before these finished
+        ist[S_N_FIRST] = n_first
         now = end
         step += 1
         done_steps += 1
-        if pred_mode == PRED_PREFILL and n_first:   # estimates from the prefill's hidden state
-            ist[S_N_FIRST] = n_first
-            status = NEEDS_PREFILL
+        fb_due = False
+        if fb_batch and n_done:        # the finished rows' true lengths, grouped by step, for feedback
+            for j in range(n_done):
+                fb_rows[fb_n + j] = done_rows[j]
+            fb_n += n_done
+            fb_ends[fb_groups] = fb_n
+            fb_groups += 1
+            fb_due = fb_n >= fb_batch
+        if (pred_mode == PRED_PREFILL and n_first) or fb_due:   # estimates from the prefill's hidden state
+            status = AFTER_STEP
             break
     ist[S_STEP], ist[S_FINISHED], ist[S_ARRIVED], ist[S_SCORED] = step, finished, arrived, scored
     ist[S_N_ADMITTED], ist[S_N_RES], ist[S_KV_USED], ist[S_HEAP] = n_admitted, n_res, kv_used, heap
     ist[S_CONTENDED], ist[S_DECODES], ist[S_STATUS] = contended, decodes, status
     ist[S_PARTIAL], ist[S_RELEASED] = partial, released
     ist[S_LRU_HEAD], ist[S_LRU_TAIL] = lru_head, lru_tail
-    ist[S_ARRIVED] = arrived
+    ist[S_YIELDS], ist[S_FB_N], ist[S_FB_GROUPS] = yields, fb_n, fb_groups
     fst[F_NOW], fst[F_ABS_ERROR], fst[F_CHARGE] = now, abs_error, charge
     return done_steps
 
@@ -663,6 +699,7 @@ class CompiledRun:
     written in place, so the run's result is read from the table as the reference engine's is)."""
 
     def __init__(self, sim, table, driver):
+        from predictors.base import Predictor
         from predictors.noisy_oracle import NoisyOracle
         from predictors.oracle import Oracle
 
@@ -685,9 +722,15 @@ class CompiledRun:
             cost = driver.cost
             self.gc[:] = (cost.gpu_s_per_call, cost.gpu_s_per_request, cost.gpu_s_per_prompt_token,
                           1.0 if driver.charge_cost else 0.0)
-        self.rekey = np.empty(max(n, 1), dtype=np.int64)
-        self.pending: list[tuple[float, int, np.ndarray]] = []   # delayed estimates: (time, order, rows)
+        self.rekey = np.empty(max(n, REKEY_RESORT) + 1, dtype=np.int64)
+        # SimPy events between steps (delayed estimates, online-update publishes), in SimPy's order:
+        # (time, creation); each also keeps how many step-loop timeouts were created before it
+        self.pending: list[tuple[float, int, int, object]] = []   # (time, creation, step-loop yields, what)
         self.events = 0
+        self.worker_queue: list = []          # online updates waiting for the CPU worker
+        self.worker_busy = False
+        self.fb_rows = np.empty(max(n, 1), dtype=np.int64)       # finished rows awaiting feedback
+        self.fb_ends = np.empty(max(n, 1), dtype=np.int64)       # ... grouped by the step they finished in
         self.ordered = self.has_pred and sim.predictor.stage == "arrival" and sim.policy.uses_predictions
         self.keys_on = (KEY_ROW if sim.policy.name == "fcfs" else
                         KEY_SCORE if sim.predictor.output == "rank" else KEY_REMAINING)
@@ -702,6 +745,7 @@ class CompiledRun:
         self.chosen = np.empty(width, dtype=np.int64)
         self.admit = np.empty(width, dtype=np.int64)
         self.firsts = np.empty(width + 1, dtype=np.int64)
+        self.done_rows = np.empty(2 * width + 2, dtype=np.int64)   # the last step's finished rows
         self.err = np.empty(width, dtype=np.float64)
         self.ist = np.zeros(N_INT_STATE, dtype=np.int64)
         self.ist[S_PARTIAL] = -1
@@ -713,6 +757,8 @@ class CompiledRun:
         self.lru_next = np.empty(max(n, 1), dtype=np.int64)
         self.fst = np.zeros(N_FLOAT_STATE, dtype=np.float64)
         self.fst[F_NEXT_EVENT] = np.inf
+        if self.has_pred and type(sim.predictor).feedback is not Predictor.feedback:
+            self.ist[S_FB_BATCH] = sim.predictor.feedback_batch
         self.advance(0)   # compiles the kernel (once per process) before the run's clock starts
 
     def advance(self, max_steps: int) -> int:
@@ -725,7 +771,8 @@ class CompiledRun:
             t.generated, t.last_served, t.forced_steps, t.admitted, t.admit_s, t.first_token_s, t.finish_s,
             t.first_predicted, t.ready_s, t.prefilled, self.resident, self.heap_keys, self.heap_rows, self.scratch,
             self.chosen, self.admit, self.firsts, self.err,
-            self.ord_rows, self.ord_keys, self.lru_prev, self.lru_next, self.rekey, self.gc, self.ist, self.fst))
+            self.ord_rows, self.ord_keys, self.lru_prev, self.lru_next, self.rekey, self.done_rows, self.fb_rows,
+            self.fb_ends, self.gc, self.ist, self.fst))
 
     @property
     def now(self) -> float:
@@ -765,12 +812,26 @@ class CompiledRun:
     def _publish(self, rows: np.ndarray, at: float, finished: int) -> None:
         """Estimates for ``rows`` usable from ``at`` (the predictor sees what the system knows then);
         the kernel re-sorts them on its next call."""
+        if not len(rows):
+            return
         t = self.table
         known = Known(arrived=t.arrived_by(at), finished=finished)
         t.set_predictions(rows, self.predictor.predict(rows, known), at)
         k = int(self.ist[S_REKEY])
+        if k + len(rows) > len(self.rekey):   # more than the list holds: the kernel re-sorts them all
+            self.ist[S_REKEY] = len(self.rekey)
+            return
         self.rekey[k:k + len(rows)] = rows
         self.ist[S_REKEY] = k + len(rows)
+
+    def _schedule(self, at: float, yields_before: int, what) -> None:
+        heapq.heappush(self.pending, (at, self.events, yields_before, what))
+        self.events += 1
+        self._next_event()
+
+    def _next_event(self) -> None:
+        at, _, yields_before, _ = self.pending[0] if self.pending else (np.inf, 0, 0, None)
+        self.fst[F_NEXT_EVENT], self.ist[S_NEXT_YB] = at, yields_before
 
     def predict_after_prefill(self) -> None:
         """PredictionDriver._predict_after_prefill for the step the kernel just ran."""
@@ -784,20 +845,74 @@ class CompiledRun:
         if ready <= end:
             self._publish(rows, end, self.finished - int(self.ist[S_DONE_LAST]))
             return
-        self.pending.append((end + (ready - end), self.events, rows))   # a SimPy timeout's instant
-        self.events += 1
-        self.fst[F_NEXT_EVENT] = min(self.fst[F_NEXT_EVENT], self.pending[-1][0])
+        # a SimPy timeout created before the step loop's next one
+        self._schedule(end + (ready - end), int(self.ist[S_YIELDS]), rows)
 
-    def fire_events(self) -> None:
-        """Delayed estimates due by the kernel's clock, in SimPy's order (time, then creation)."""
-        self.pending.sort(key=lambda e: (e[0], e[1]))
-        now = self.now
-        # each is due after the last step started (or in an idle gap): it fired before that step landed
-        finished_then = self.finished - int(self.ist[S_DONE_LAST])
-        while self.pending and self.pending[0][0] <= now:
-            at, _, rows = self.pending.pop(0)
-            self._publish(rows, at, finished_then)
-        self.fst[F_NEXT_EVENT] = self.pending[0][0] if self.pending else np.inf
+    def feed_back(self) -> None:
+        """PredictionDriver.feedback for each step whose finished rows the kernel buffered (in step
+        order); an update goes to the CPU worker at the end of the step that returned it."""
+        ends = self.fb_ends[:int(self.ist[S_FB_GROUPS])].tolist()
+        lo = 0
+        for hi in ends:
+            done = self.fb_rows[lo:hi].copy()
+            lo = hi
+            update = self.predictor.feedback(done, self.table.length[done])
+            if update is not None:
+                self.worker_queue.append(update)
+        self.ist[S_FB_N] = self.ist[S_FB_GROUPS] = 0
+        if self.worker_queue and not self.worker_busy:
+            # the worker's get fires after the step loop's next timeout (it waits on the update store)
+            self._start_update(self.now, int(self.ist[S_YIELDS]) + 1)
+
+    def _start_update(self, at: float, yields_before: int) -> None:
+        """PredictionDriver._cpu_worker takes the next update: CPU time, then the publish."""
+        d = self.driver
+        update = self.worker_queue.pop(0)
+        cpu = update.cpu_s if d.charge_cost else 0.0
+        d.cpu_s += cpu
+        self.worker_busy = True
+        self._schedule(at + cpu if cpu > 0 else at, yields_before, update)
+
+    def _fire(self, at: float, what, before_landing: bool) -> None:
+        """One event at ``at``; ``before_landing``: it fired while the kernel's last step was running
+        (the kernel has landed it since), so the predictor sees the system as it was then."""
+        t = self.table
+        done_last = int(self.ist[S_DONE_LAST]) if before_landing else 0
+        finished = self.finished - done_last
+        if isinstance(what, np.ndarray):   # a delayed estimate
+            self._publish(what, at, finished)
+            return
+        d = self.driver                    # an online update's publish; then every resident is re-scored
+        what.publish()
+        d.updates += 1
+        resident = self.resident[:int(self.ist[S_N_RES])]
+        if done_last or (before_landing and self.ist[S_N_FIRST]):   # the residents before that step landed
+            firsts = self.firsts[:int(self.ist[S_N_FIRST])]
+            resident = np.setdiff1d(np.union1d(resident, self.done_rows[:done_last]), firsts)
+        rescored = resident[~np.isnan(t.ready_s[resident])]
+        self._publish(rescored, at, finished)
+        self.worker_busy = False
+        if self.worker_queue:   # the worker's next get fires after any step-loop timeout created by now
+            yields = int(self.ist[S_YIELDS])
+            self._start_update(at, yields + (1 if at == self.now else 0))
+
+    def fire_due(self) -> None:
+        """Events that fired before the step loop resumed at the kernel's clock, in SimPy's order."""
+        now, yields = self.now, int(self.ist[S_YIELDS])
+        while self.pending and (self.pending[0][0] < now or (self.pending[0][0] == now
+                                                              and self.pending[0][2] < yields)):
+            at, _, _, what = heapq.heappop(self.pending)
+            self._fire(at, what, before_landing=True)
+        self._next_event()
+
+    def after_step(self) -> None:
+        """Python's part of the step the kernel just landed, in the reference's order: events that
+        fired while it ran, estimates from its prefill, feedback from its finished rows."""
+        self.fire_due()
+        if self.mode == PRED_PREFILL and self.ist[S_N_FIRST]:
+            self.predict_after_prefill()
+        if self.ist[S_FB_BATCH] and self.ist[S_FB_N] >= self.ist[S_FB_BATCH]:
+            self.feed_back()
 
     def step_process(self, env, progress=None):
         """The SimPy process: a chunk of compiled steps, then the simulated clock catches up."""
@@ -811,12 +926,12 @@ class CompiledRun:
                 yield env.timeout(max(self.now - env.now, 0.0))
                 self.score_arrivals()
                 continue
-            if status == NEEDS_PREFILL:
-                self.predict_after_prefill()
+            if status == AFTER_STEP:
+                self.after_step()
                 continue
             if status == NEEDS_EVENT:
                 yield env.timeout(max(self.now - env.now, 0.0))
-                self.fire_events()
+                self.fire_due()
                 continue
             if self.ist[S_STATUS]:
                 raise SimulationStalled(
@@ -828,7 +943,10 @@ class CompiledRun:
                 progress(self.finished, n)
         if self.mode == PRED_PREFILL:
             self.driver.gpu_s = float(self.fst[F_GPU_S])
-        self.fire_events()   # those due within the last step
-        for at, _, rows in sorted(self.pending, key=lambda e: (e[0], e[1])):   # SimPy fires them after the last step
-            self._publish(rows, at, self.finished)
-        self.pending.clear()
+        self.fire_due()            # those that fired within the last step
+        if self.ist[S_FB_GROUPS]:
+            self.feed_back()       # the last steps' finished rows (fewer than a feedback batch)
+        while self.pending:        # SimPy runs the rest after the last step (the worker's queue included)
+            at, _, _, what = heapq.heappop(self.pending)
+            self._fire(at, what, before_landing=False)
+        self._next_event()

@@ -34,7 +34,7 @@ from simulator.runner import RunConfig, execute, prepare  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_invariants import HYPO, FixedPredictor, cases, make_predictor_for  # noqa: E402
 
-from predictors.base import Known, PredictorCost  # noqa: E402
+from predictors.base import Known, PendingUpdate, PredictorCost  # noqa: E402
 
 
 class QueueAwareCharged(FixedPredictor):
@@ -124,6 +124,83 @@ def test_compiled_matches_reference_with_prefill_stage_predictors(case):
     profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
     ref = simulate(case, "reference", profile, PrefillStage(case.fixed, cpu_s, tap))
     assert_identical(ref, simulate(case, "compiled", profile, PrefillStage(case.fixed, cpu_s, tap)))
+
+
+class OnlineLearning(PrefillStage):
+    """A hidden-state predictor that learns online: feedback returns an update every ``batch``
+    finished rows (the CPU worker runs them one after another, the i-th ``update_s[i % len]`` long,
+    0 included), each publish shifts every estimate, and an estimate depends on the size of the batch
+    it is asked in, so both the publishes' timing against the steps and the rows re-scored show in
+    the outputs."""
+
+    name = "online-fixed"
+
+    def __init__(self, values, cpu_s: float, tap: float, batch: int, update_s: tuple[float, ...]):
+        super().__init__(values, cpu_s, tap)
+        self.feedback_batch, self.update_s = batch, update_s
+        self.shift, self.buffered, self.updates = 0.0, [], 0
+
+    def predict(self, rows, known: Known | None = None):
+        return super().predict(rows, known) + self.shift + 0.003 * len(rows)
+
+    def feedback(self, rows, output_tokens):
+        self.buffered.extend(zip(rows.tolist(), output_tokens.tolist()))
+        if len(self.buffered) < self.feedback_batch:
+            return None
+        error = sum(length - self._rows[r] for r, length in self.buffered) / len(self.buffered)
+        self.buffered = []
+        self.updates += 1
+
+        def publish(shift=0.5 * error + 0.01 * len(rows)):
+            self.shift = shift
+        return PendingUpdate(cpu_s=self.update_s[self.updates % len(self.update_s)], publish=publish,
+                             requests=len(rows))
+
+
+@settings(max_examples=400, **HYPO)
+@given(cases(policies=("fcfs", "countdown"), predictors=("fixed",)), st.integers(1, 4),
+       st.lists(st.sampled_from([0.0, 0.25, 1.0, 2.5, 7.0]), min_size=1, max_size=3).map(tuple))
+def test_compiled_matches_reference_with_online_learning(case, batch, update_s):
+    """Feedback batched by the kernel, updates queued on the CPU worker, publishes that re-score the
+    residents while a step runs, at its end (before or after it lands, by SimPy's creation order),
+    or in an idle gap."""
+    cpu_s = [0.0, 0.3, 1.7, 0.004][case.seed % 4]
+    tap = [1.0, 0.5, 0.8][case.seed % 3]
+    case.chunked_prefill = case.seed % 5 == 0
+    case.decodes_in_budget = case.seed % 7 == 0
+    profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
+    ref = simulate(case, "reference", profile, OnlineLearning(case.fixed, cpu_s, tap, batch, update_s))
+    assert_identical(ref, simulate(case, "compiled", profile, OnlineLearning(case.fixed, cpu_s, tap, batch, update_s)))
+
+
+@settings(max_examples=300, **HYPO)
+@given(cases(policies=("countdown",), predictors=("fixed",), step_times=("unit",)), st.integers(1, 2),
+       st.lists(st.sampled_from([0.0, 1.0, 2.0, 3.0, 7.0]), min_size=1, max_size=3).map(tuple))
+def test_compiled_matches_reference_when_publishes_tie_with_step_ends(case, batch, update_s):
+    """Whole-second arrivals, one-second steps and whole-second updates: publishes land exactly on
+    step ends, where SimPy's creation order decides whether a step lands first."""
+    case.arrival = [float(int(a)) for a in case.arrival]
+    profile = UnitProfile()
+    ref = simulate(case, "reference", profile, OnlineLearning(case.fixed, 0.0, 1.0, batch, update_s))
+    assert_identical(ref, simulate(case, "compiled", profile, OnlineLearning(case.fixed, 0.0, 1.0, batch, update_s)))
+
+
+@pytest.mark.parametrize(("trace", "load", "charge"), [("sharegpt", 1.5, True), ("alpaca", 1.0, True),
+                                                       ("math", 2.0, False)])
+def test_compiled_matches_reference_with_leap_rls(trace, load, charge):
+    """LEAP+RLS on recorded traces (weights fitted on lmsys): its RLS publishes re-score every
+    resident between compiled steps; without costs each publish lands at its feedback's instant."""
+    config = RunConfig(trace=trace, predictor="leap-rls", policy="countdown", load=load, charge_cost=charge)
+    runs = {}
+    for kernel in ("reference", "compiled"):
+        prepared = prepare(dataclasses.replace(config, kernel=kernel))
+        assert unsupported(prepared.simulation) is None
+        summary, result = execute(prepared)
+        summary.pop("sim_cpu_s")
+        runs[kernel] = summary, result
+    assert runs["compiled"][1].updates_published > 10
+    assert repr(runs["reference"][0]) == repr(runs["compiled"][0])
+    assert_identical(runs["reference"][1], runs["compiled"][1])
 
 
 @st.composite

@@ -91,6 +91,10 @@ class LeapRLS(Leap):
             self._published_version = version
 
     @property
+    def feedback_batch(self) -> int:
+        return self.update_every
+
+    @property
     def published_version(self) -> int:
         return self._published_version
 
