@@ -2,14 +2,16 @@
 
 The reference engine (:mod:`simulator.engine`) stays the definition; this kernel replays it with the
 same float64 arithmetic in the same order, so its outputs are byte-identical (the identity tests in
-``tests/test_compiled.py`` hold it to that). It covers runs with no predictor, the oracles
+``tests/test_compiled.py`` hold it to that). It covers every predictor: no predictor, the oracles
 (estimates fixed at bind time, inside the kernel), arrival-stage predictors scored in Python when
-rows arrive, prefill-stage predictors predicted in Python after each prefilling step, and online
-learning (LEAP+RLS): the kernel buffers finished rows until a feedback batch is due, Python runs the
-predictor's feedback, and the CPU worker's publishes fire between compiled steps; FCFS or
-countdown; the roofline / fitted / unit profiles; chunked prefill and closed loop included; no step
-logs. Anything else (decode-time refresh, TRAIL, aging, the starvation policies) runs on the
-reference engine, and :func:`unsupported` says why. Without numba the compiled kernel is unavailable
+rows arrive, prefill-stage predictors predicted in Python after each prefilling step, re-estimates
+after prefill and during decode (TRAIL, LEAP with refresh) made in Python after the step that
+calls for them, and online learning (LEAP+RLS): the kernel buffers finished rows until a feedback
+batch is due, Python runs the predictor's feedback, and the CPU worker's publishes fire between
+compiled steps. Policies FCFS, countdown and TRAIL's limited preemption (locked rows first, by a
+scan of the residents); the roofline / fitted / unit profiles; chunked prefill and closed loop
+included (not a prefill-stage predictor in a closed loop); no step logs. Anything else (aging, the
+starvation policies) runs on the reference engine, and :func:`unsupported` says why. Without numba the compiled kernel is unavailable
 and every run uses the reference engine (the pure-numpy path).
 
 Events between steps (an estimate ready after its step ended, an online update's publish) keep
@@ -48,8 +50,8 @@ REMAINING_FLOOR = 0.5            # policies.countdown.REMAINING_FLOOR (checked a
 S_STEP, S_FINISHED, S_ARRIVED, S_SCORED, S_N_ADMITTED, S_N_RES, S_KV_USED, S_HEAP, S_CONTENDED, \
     S_DECODES, S_STATUS, S_STALL_READY, S_STALL_WAITING, S_PY_SCORED, S_PARTIAL, S_RELEASED, \
     S_LRU_HEAD, S_LRU_TAIL, S_REKEY, S_N_FIRST, S_DONE_LAST, S_YIELDS, S_NEXT_YB, S_FB_N, S_FB_GROUPS, \
-    S_FB_BATCH = range(26)
-N_INT_STATE = 26
+    S_FB_BATCH, S_N_CHOSEN, S_REFRESH_EVERY, S_AFTER_PREFILL = range(29)
+N_INT_STATE = 29
 # float state slots
 F_NOW, F_ABS_ERROR, F_CHARGE, F_NEXT_EVENT, F_START, F_DURATION, F_GPU_S = range(7)
 N_FLOAT_STATE = 7
@@ -66,7 +68,7 @@ def unsupported(sim) -> str | None:
     """Why the compiled kernel cannot replay ``sim`` exactly (None: it can)."""
     from policies.countdown import Countdown
     from policies.fcfs import FCFS
-    from predictors.base import Predictor
+    from policies.trail_preemption import TrailPreemption
     from predictors.noisy_oracle import NoisyOracle
     from predictors.oracle import Oracle
     from simulator.profiles.fitted import FittedProfile
@@ -75,16 +77,14 @@ def unsupported(sim) -> str | None:
 
     if load_kernel() is None:
         return "numba is not installed (or does not load)"
-    if type(sim.policy) not in (FCFS, Countdown):
-        return f"policy {sim.policy.name!r} is not compiled (fcfs and countdown are)"
+    if type(sim.policy) not in (FCFS, Countdown, TrailPreemption):
+        return f"policy {sim.policy.name!r} is not compiled (fcfs, countdown and trail-preemption are)"
     p = sim.predictor
+    if type(sim.policy) is TrailPreemption and p is not None and p.output == "rank":
+        return "trail-preemption with a rank predictor is not compiled (its locked key -1 need not sort first)"
     if p is not None and type(p) not in (Oracle, NoisyOracle):
         if p.stage == "prefill" and sim.closed_loop is not None:
             return f"predictor {p.name!r} predicts after prefill in a closed loop (not compiled)"
-        if p.refresh_every:
-            return f"predictor {p.name!r} refreshes during decode"
-        if type(p).after_prefill is not Predictor.after_prefill:
-            return f"predictor {p.name!r} re-estimates after prefill"
     if type(sim.profile) not in (RooflineProfile, FittedProfile, UnitProfile):
         return f"engine profile {sim.profile.name!r} is not compiled"
     if type(sim.profile) is FittedProfile and not all(
@@ -216,6 +216,11 @@ def _key(r, keys_on, predicted, generated):
     return key if key > REMAINING_FLOOR else REMAINING_FLOOR
 
 
+def _locked(r, step, lock_c, last_served, generated, first_predicted):
+    """policies.trail_preemption: past c x its first estimate and decoded in the previous step."""
+    return last_served[r] == step - 1 and generated[r] > lock_c * first_predicted[r]
+
+
 def _before(ka, ra, kb, rb):
     """(key, row) order: the reference's stable sort by key, ties in row order."""
     return ka < kb or (ka == kb and ra < rb)
@@ -258,7 +263,7 @@ def _heap_pop(hk, hr, size):
 
 def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered, keys_on,
                decode_slots, wait_cap, prefill_budget, decodes_in_budget, kv_budget, max_resident, chunked,
-               kind, pi, pf,
+               lock_c, kind, pi, pf,
                generated, last_served, forced_steps, admitted, admit_s, first_token_s, finish_s,
                first_predicted, ready_s, prefilled, resident, hk, hr, scratch_rows, chosen, admit, firsts,
                err, ord_rows, ord_keys, lru_prev, lru_next, rekey, done_rows, fb_rows, fb_ends, gc, ist, fst):
@@ -377,12 +382,21 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
                     if keys_on == KEY_ROW:
                         for j in range(k):
                             chosen[n_forced + j] = scratch_rows[j]
-                    else:   # the first k non-starving rows in (key, row) order
-                        m2, i = 0, 0
+                    else:   # the first k non-starving rows: locked ones (row order), then (key, row) order
+                        m2 = 0
+                        if lock_c >= 0.0:
+                            for j in range(n_other):
+                                if m2 < k and _locked(scratch_rows[j], step, lock_c, last_served, generated,
+                                                      first_predicted):
+                                    chosen[n_forced + m2] = scratch_rows[j]
+                                    m2 += 1
+                        i = 0
                         while m2 < k:
                             r = ord_rows[i]
                             i += 1
-                            if not (step - last_served[r] > wait_cap):
+                            if not (step - last_served[r] > wait_cap) and not (
+                                    lock_c >= 0.0 and _locked(r, step, lock_c, last_served, generated,
+                                                              first_predicted)):
                                 chosen[n_forced + m2] = r
                                 m2 += 1
                     n_chosen = n_forced + k
@@ -390,6 +404,20 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
                 if keys_on == KEY_ROW:
                     for j in range(decode_slots):
                         chosen[j] = resident[j]
+                elif lock_c >= 0.0:   # TRAIL: locked rows first (row order), then (key, row) order
+                    m2 = 0
+                    for j in range(n_res):
+                        if m2 < decode_slots and _locked(resident[j], step, lock_c, last_served, generated,
+                                                         first_predicted):
+                            chosen[m2] = resident[j]
+                            m2 += 1
+                    i = 0
+                    while m2 < decode_slots:
+                        r = ord_rows[i]
+                        i += 1
+                        if not _locked(r, step, lock_c, last_served, generated, first_predicted):
+                            chosen[m2] = r
+                            m2 += 1
                 else:   # the (key, row) order's prefix; only its keys change this step
                     for j in range(decode_slots):
                         chosen[j] = ord_rows[j]
@@ -644,6 +672,7 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
         fst[F_START], fst[F_DURATION] = now, duration
         ist[S_DONE_LAST] = n_done      # an event due within this step saw the system before these finished
         ist[S_N_FIRST] = n_first
+        ist[S_N_CHOSEN] = n_chosen
         now = end
         step += 1
         done_steps += 1
@@ -655,7 +684,16 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
             fb_ends[fb_groups] = fb_n
             fb_groups += 1
             fb_due = fb_n >= fb_batch
-        if (pred_mode == PRED_PREFILL and n_first) or fb_due:   # estimates from the prefill's hidden state
+        refresh_due = False            # decode-time refresh: a decoded row reached a multiple of k tokens
+        k_refresh = ist[S_REFRESH_EVERY]
+        if k_refresh:
+            for j in range(n_chosen):
+                r = chosen[j]
+                if generated[r] % k_refresh == 0 and generated[r] < length[r]:
+                    refresh_due = True
+                    break
+        # estimates from the prefill (hidden state, or an arrival-stage predictor's prefill observation)
+        if ((pred_mode == PRED_PREFILL or ist[S_AFTER_PREFILL]) and n_first) or refresh_due or fb_due:
             status = AFTER_STEP
             break
     ist[S_STEP], ist[S_FINISHED], ist[S_ARRIVED], ist[S_SCORED] = step, finished, arrived, scored
@@ -674,8 +712,8 @@ def note_fallback(reason: str) -> None:
     print(f"--kernel compiled: {reason}; this run uses the reference engine", file=sys.stderr)
 
 
-_JITTED = ("_dl_split", "_dl_mul", "_py_hypot", "_pairwise", "_step_time", "_before", "_key", "_heap_push",
-           "_heap_pop")
+_JITTED = ("_dl_split", "_dl_mul", "_py_hypot", "_pairwise", "_step_time", "_locked", "_before", "_key",
+           "_heap_push", "_heap_pop")
 
 
 @functools.lru_cache(maxsize=1)
@@ -699,6 +737,7 @@ class CompiledRun:
     written in place, so the run's result is read from the table as the reference engine's is)."""
 
     def __init__(self, sim, table, driver):
+        from policies.trail_preemption import TrailPreemption
         from predictors.base import Predictor
         from predictors.noisy_oracle import NoisyOracle
         from predictors.oracle import Oracle
@@ -732,6 +771,7 @@ class CompiledRun:
         self.fb_rows = np.empty(max(n, 1), dtype=np.int64)       # finished rows awaiting feedback
         self.fb_ends = np.empty(max(n, 1), dtype=np.int64)       # ... grouped by the step they finished in
         self.ordered = self.has_pred and sim.predictor.stage == "arrival" and sim.policy.uses_predictions
+        self.lock_c = float(sim.policy.c) if type(sim.policy) is TrailPreemption else -1.0
         self.keys_on = (KEY_ROW if sim.policy.name == "fcfs" else
                         KEY_SCORE if sim.predictor.output == "rank" else KEY_REMAINING)
         self.cfg = cfg
@@ -759,6 +799,10 @@ class CompiledRun:
         self.fst[F_NEXT_EVENT] = np.inf
         if self.has_pred and type(sim.predictor).feedback is not Predictor.feedback:
             self.ist[S_FB_BATCH] = sim.predictor.feedback_batch
+        self.refresh_every = (sim.predictor.refresh_every or 0) if self.has_pred else 0
+        self.ist[S_REFRESH_EVERY] = self.refresh_every
+        self.ist[S_AFTER_PREFILL] = (self.mode == PRED_PYTHON
+                                     and type(sim.predictor).after_prefill is not Predictor.after_prefill)
         self.advance(0)   # compiles the kernel (once per process) before the run's clock starts
 
     def advance(self, max_steps: int) -> int:
@@ -767,7 +811,7 @@ class CompiledRun:
             max_steps, t.arrival, t.prompt, t.length, self.predicted, self.mode, self.ordered, self.keys_on,
             cfg.decode_slots, cfg.wait_cap, cfg.prefill_token_budget, cfg.decodes_in_budget,
             -1 if cfg.kv_token_budget is None else cfg.kv_token_budget, cfg.max_resident, cfg.chunked_prefill,
-            self.kind, self.pi, self.pf,
+            self.lock_c, self.kind, self.pi, self.pf,
             t.generated, t.last_served, t.forced_steps, t.admitted, t.admit_s, t.first_token_s, t.finish_s,
             t.first_predicted, t.ready_s, t.prefilled, self.resident, self.heap_keys, self.heap_rows, self.scratch,
             self.chosen, self.admit, self.firsts, self.err,
@@ -803,10 +847,8 @@ class CompiledRun:
         rows = np.arange(int(self.ist[S_PY_SCORED]), arrived)
         t.finished = self.finished
         t.set_predictions(rows, self.predictor.predict(rows, Known(arrived=arrived, finished=t.finished)), now)
-        debt = d.cost.gpu_s(len(rows), int(t.prompt[rows].sum())) if d.charge_cost else 0.0
-        charge = 0.0 + debt            # step_charge: the debt accumulated since the last step
-        d.gpu_s += charge
-        self.fst[F_CHARGE] = charge
+        if d.charge_cost:   # the GPU debt the next step pays (kernel: F_CHARGE, then F_GPU_S)
+            self.fst[F_CHARGE] += d.cost.gpu_s(len(rows), int(t.prompt[rows].sum()))
         self.ist[S_PY_SCORED] = arrived
 
     def _publish(self, rows: np.ndarray, at: float, finished: int) -> None:
@@ -814,9 +856,11 @@ class CompiledRun:
         the kernel re-sorts them on its next call."""
         if not len(rows):
             return
-        t = self.table
-        known = Known(arrived=t.arrived_by(at), finished=finished)
-        t.set_predictions(rows, self.predictor.predict(rows, known), at)
+        known = Known(arrived=self.table.arrived_by(at), finished=finished)
+        self._set_estimates(rows, self.predictor.predict(rows, known), at)
+
+    def _set_estimates(self, rows: np.ndarray, values: np.ndarray, at: float) -> None:
+        self.table.set_predictions(rows, values, at)
         k = int(self.ist[S_REKEY])
         if k + len(rows) > len(self.rekey):   # more than the list holds: the kernel re-sorts them all
             self.ist[S_REKEY] = len(self.rekey)
@@ -905,12 +949,38 @@ class CompiledRun:
             self._fire(at, what, before_landing=True)
         self._next_event()
 
+    def observe_prefill(self) -> None:
+        """An arrival-stage predictor's estimates from the prefill just done (TRAIL's probe); the GPU
+        pays a refresh per row in the next step (PredictionDriver.after_step)."""
+        d, first = self.driver, self.firsts[:int(self.ist[S_N_FIRST])].copy()
+        observed = self.predictor.after_prefill(first)
+        if observed is not None:
+            self._set_estimates(first, observed, self.now)
+            if d.charge_cost:
+                self.fst[F_CHARGE] += d.cost.gpu_s_per_refresh * len(first)
+
+    def refresh(self) -> None:
+        """Decode-time re-estimates of the rows just decoded to a multiple of ``refresh_every``
+        tokens and not finished (PredictionDriver.after_step)."""
+        d, t = self.driver, self.table
+        chosen = self.chosen[:int(self.ist[S_N_CHOSEN])]
+        generated = t.generated
+        due = chosen[(generated[chosen] % self.refresh_every == 0) & (generated[chosen] < t.length[chosen])]
+        if len(due):
+            self._set_estimates(due, self.predictor.refresh(due, generated[due]), self.now)
+            if d.charge_cost:
+                self.fst[F_CHARGE] += d.cost.gpu_s_per_refresh * len(due)
+
     def after_step(self) -> None:
         """Python's part of the step the kernel just landed, in the reference's order: events that
         fired while it ran, estimates from its prefill, feedback from its finished rows."""
         self.fire_due()
         if self.mode == PRED_PREFILL and self.ist[S_N_FIRST]:
             self.predict_after_prefill()
+        elif self.ist[S_AFTER_PREFILL] and self.ist[S_N_FIRST]:
+            self.observe_prefill()
+        if self.refresh_every:
+            self.refresh()
         if self.ist[S_FB_BATCH] and self.ist[S_FB_N] >= self.ist[S_FB_BATCH]:
             self.feed_back()
 
@@ -941,7 +1011,7 @@ class CompiledRun:
             yield env.timeout(max(self.now - env.now, 0.0))
             if progress is not None:
                 progress(self.finished, n)
-        if self.mode == PRED_PREFILL:
+        if self.has_pred:
             self.driver.gpu_s = float(self.fst[F_GPU_S])
         self.fire_due()            # those that fired within the last step
         if self.ist[S_FB_GROUPS]:

@@ -87,7 +87,7 @@ def test_compiled_matches_reference_with_python_scored_predictors(case):
 
 
 @settings(max_examples=300, **HYPO)
-@given(cases(policies=("fcfs", "countdown"), predictors=("oracle", "noisy", "fixed")))
+@given(cases(policies=("fcfs", "countdown", "trail-preemption"), predictors=("oracle", "noisy", "fixed")))
 def test_compiled_matches_reference_on_hypothesis_workloads(case):
     case.decodes_in_budget = case.seed % 2 == 1
     profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
@@ -115,7 +115,7 @@ class PrefillStage(FixedPredictor):
 
 
 @settings(max_examples=300, **HYPO)
-@given(cases(policies=("fcfs", "countdown"), predictors=("fixed",)))
+@given(cases(policies=("fcfs", "countdown", "trail-preemption"), predictors=("fixed",)))
 def test_compiled_matches_reference_with_prefill_stage_predictors(case):
     cpu_s = [0.0, 0.3, 1.7, 0.004][case.seed % 4]
     tap = [1.0, 0.5, 0.8][case.seed % 3]
@@ -150,15 +150,16 @@ class OnlineLearning(PrefillStage):
         error = sum(length - self._rows[r] for r, length in self.buffered) / len(self.buffered)
         self.buffered = []
         self.updates += 1
+        shift = 0.5 * error + 0.01 * len(rows)
 
-        def publish(shift=0.5 * error + 0.01 * len(rows)):
+        def publish(shift=shift):
             self.shift = shift
         return PendingUpdate(cpu_s=self.update_s[self.updates % len(self.update_s)], publish=publish,
                              requests=len(rows))
 
 
 @settings(max_examples=400, **HYPO)
-@given(cases(policies=("fcfs", "countdown"), predictors=("fixed",)), st.integers(1, 4),
+@given(cases(policies=("fcfs", "countdown", "trail-preemption"), predictors=("fixed",)), st.integers(1, 4),
        st.lists(st.sampled_from([0.0, 0.25, 1.0, 2.5, 7.0]), min_size=1, max_size=3).map(tuple))
 def test_compiled_matches_reference_with_online_learning(case, batch, update_s):
     """Feedback batched by the kernel, updates queued on the CPU worker, publishes that re-score the
@@ -185,6 +186,68 @@ def test_compiled_matches_reference_when_publishes_tie_with_step_ends(case, batc
     assert_identical(ref, simulate(case, "compiled", profile, OnlineLearning(case.fixed, 0.0, 1.0, batch, update_s)))
 
 
+class Refreshing(QueueAwareCharged):
+    """TRAIL's timing: scored at arrival (so it may order admission), re-estimated from the prefill
+    and every ``every`` decoded tokens; each re-estimate charges the GPU in the next step. ``stage``
+    "prefill" turns it into a refreshing hidden-state predictor (LEAP with refresh)."""
+
+    name = "refreshing"
+
+    def __init__(self, values, output: str, every: int, stage: str):
+        super().__init__(values, output)
+        self.refresh_every, self.stage = every, stage
+        self.calls = 0
+
+    def after_prefill(self, rows):
+        self.calls += 1
+        return self._rows[rows] * 0.9 + 1.5 + 0.25 * self.calls
+
+    def refresh(self, rows, generated):
+        self.calls += 1
+        return self._rows[rows] * 1.1 + generated * 0.5 - 0.125 * self.calls
+
+    def cost(self, hardware=None):
+        return PredictorCost(gpu_s_per_call=0.013, gpu_s_per_request=0.0021, gpu_s_per_prompt_token=1.7e-5,
+                             gpu_s_per_refresh=0.0071)
+
+
+@settings(max_examples=300, **HYPO)
+@given(cases(policies=("fcfs", "countdown", "trail-preemption"), predictors=("fixed",)), st.integers(1, 5),
+       st.sampled_from(["arrival", "prefill"]))
+def test_compiled_matches_reference_with_refreshing_predictors(case, every, stage):
+    """Re-estimates after prefill and during decode (TRAIL, LEAP with refresh), their GPU charges,
+    and the (key, row) order they move rows in; TRAIL's preemption limit locks rows whose tokens
+    pass 0.8 x their first estimate."""
+    output = "rank" if case.seed % 3 == 0 and case.policy != "trail-preemption" else "length"
+    case.chunked_prefill = case.seed % 5 == 0
+    case.decodes_in_budget = case.seed % 7 == 0
+    if stage == "prefill":
+        case.closed_loop = None
+    profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
+    ref = simulate(case, "reference", profile, Refreshing(case.fixed, output, every, stage))
+    assert_identical(ref, simulate(case, "compiled", profile, Refreshing(case.fixed, output, every, stage)))
+
+
+@pytest.mark.parametrize(("predictor", "policy"), [("trail", "countdown"), ("trail", "trail-preemption"),
+                                                   ("trail", "fcfs"), ("leap", "countdown")])
+def test_compiled_matches_reference_with_decode_time_refresh(predictor, policy):
+    """TRAIL (prefill probe + decode-state refreshes) and LEAP with refresh on the recorded trace."""
+    from predictors.base import PredictorOptions
+
+    config = RunConfig(trace="sharegpt", predictor=predictor, policy=policy, load=1.5,
+                       predictor_options=PredictorOptions(refresh=True))
+    runs = {}
+    for kernel in ("reference", "compiled"):
+        prepared = prepare(dataclasses.replace(config, kernel=kernel))
+        assert prepared.simulation.predictor.refresh_every
+        assert unsupported(prepared.simulation) is None
+        summary, result = execute(prepared)
+        summary.pop("sim_cpu_s")
+        runs[kernel] = summary, result
+    assert repr(runs["reference"][0]) == repr(runs["compiled"][0])
+    assert_identical(runs["reference"][1], runs["compiled"][1])
+
+
 @pytest.mark.parametrize(("trace", "load", "charge"), [("sharegpt", 1.5, True), ("alpaca", 1.0, True),
                                                        ("math", 2.0, False)])
 def test_compiled_matches_reference_with_leap_rls(trace, load, charge):
@@ -207,7 +270,7 @@ def test_compiled_matches_reference_with_leap_rls(trace, load, charge):
 def vllm_cases(draw):
     """As ``test_invariants.vllm_cases`` (chunked prefill, decodes in the budget, closed loop), on the
     compiled policies."""
-    case = draw(cases(policies=("fcfs", "countdown"), predictors=("oracle", "noisy", "fixed")))
+    case = draw(cases(policies=("fcfs", "countdown", "trail-preemption"), predictors=("oracle", "noisy", "fixed")))
     case.chunked_prefill = draw(st.booleans())
     case.decodes_in_budget = draw(st.booleans())
     if draw(st.booleans()):
@@ -260,7 +323,7 @@ def test_compiled_matches_reference_on_every_profile(engine):
 
 
 @settings(max_examples=150, **HYPO)
-@given(cases(policies=("fcfs", "countdown"), predictors=("oracle", "fixed")), st.integers(0, 60), st.booleans())
+@given(cases(policies=("fcfs", "countdown", "trail-preemption"), predictors=("oracle", "fixed")), st.integers(0, 60), st.booleans())
 def test_compiled_matches_reference_with_a_kv_budget(case, extra, chunked):
     """The optional second admission limit (KV tokens), with and without chunked prefill."""
     case.chunked_prefill = chunked
