@@ -353,6 +353,26 @@ def live_prediction_cost(trace: Trace) -> dict:
             "live_order_share_run": float(order.sum() / step.sum())}
 
 
+class AtRunSpeed:
+    """A fitted serving profile with its step times (host gap apart) scaled by a run's own measured
+    speed ratio (:func:`step_time_ratio`). A diagnostic, not a validation (one scalar fitted on the
+    run itself): what is left of a replay's error once the host's speed is taken out."""
+
+    name = "fitted-at-run-speed"
+
+    def __init__(self, profile, ratio: float):
+        self.profile, self.ratio = profile, float(ratio)
+        self.host_gap_s = profile.host_gap_s
+        self.hardware = profile.hardware
+
+    def step_time(self, prefill_tokens, prefill_sq, decode_batch, decode_context) -> float:
+        t = self.profile.step_time(prefill_tokens, prefill_sq, decode_batch, decode_context)
+        return (t - self.host_gap_s) * self.ratio + self.host_gap_s
+
+    def describe(self) -> dict:
+        return {**self.profile.describe(), "scaled_by_run_speed": self.ratio}
+
+
 def step_time_ratio(trace: Trace, profile, q: float = 50.0) -> float | None:
     """Median (or the ``q``-th percentile) over the run's recorded steps of measured ``step_s`` / the
     profile's step time for the same composition (host gap left out): how fast the host ran this run
@@ -465,6 +485,13 @@ def validate_serving(trace: Trace, profile_from: Trace, predictor_cost: str = "n
     row["step_time_ratio_p10"] = step_time_ratio(trace, profile, 10.0)
     row["step_time_ratio_p90"] = step_time_ratio(trace, profile, 90.0)
     row["host_mismatch"] = ratio is not None and not (1 / HOST_MISMATCH_FACTOR <= ratio <= HOST_MISMATCH_FACTOR)
+    if ratio is not None:   # the same replay at the run's own host speed: the error host speed leaves
+        fast = _simulate_segments(workload, seg_col, policy_name, predictor_name, train, AtRunSpeed(profile, ratio),
+                                  config, charge, update_every)
+        at = _figures("at", fast["e2e"], fast["ttft"], out_tok, fast["makespan_s"])
+        row["sim_mean_ptl_s_at_run_speed"] = at["at_mean_ptl_s"]
+        row["p95_e2e_err_at_run_speed"] = at["at_p95_e2e_s"] / row["real_p95_e2e_s"] - 1.0
+        row["mean_e2e_err_at_run_speed"] = at["at_mean_e2e_s"] / row["real_mean_e2e_s"] - 1.0
     row.update(live_prediction_cost(trace))
     row["sim_predictor_gpu_s"] = modelled["gpu_s_charged"]
     row["sim_predictor_cpu_s"] = modelled["predictor_cpu_s"]
@@ -612,7 +639,9 @@ def serving_report_section(rows: list[dict]) -> str:
             f"{CONTENDED_PROBE_RATIO}x its quiet median (or its p90 over {CONTENDED_PROBE_P90_RATIO}x). "
             "`steps x profile run`: median of the run's measured step time over the profile's for the same "
             f"steps; `host mismatch` when it is off by more than {HOST_MISMATCH_FACTOR:g}x either way (the host "
-            "ran the two runs at different speeds, which the cache-resident probe does not see).\n",
+            "ran the two runs at different speeds, which the cache-resident probe does not see). `at run speed`: the "
+            "same replay with the profile's step times scaled by that ratio (one scalar fitted on the run itself, "
+            "so a diagnostic, not a validation): the error left once the host's speed is taken out.\n",
             _table(rows, [("run", "run", ""), ("policy", "policy", ""), ("predictor", "predictor", ""),
                           ("load", "load", "g"), ("requests", "requests", "d"), ("profile from", "profile_from", ""),
                           ("real mean e2e s", "real_mean_e2e_s", ".2f"), ("sim", "sim_mean_e2e_s", ".2f"),
@@ -626,7 +655,9 @@ def serving_report_section(rows: list[dict]) -> str:
                           ("real TPOT", "real_mean_tpot_s", ".4f"), ("sim TPOT", "sim_mean_tpot_s", ".4f"),
                           ("real makespan s", "real_makespan_s", ".1f"), ("sim makespan s", "sim_makespan_s", ".1f"),
                           ("probe x quiet", "probe_median_over_before_run", ".2f"), ("contended", "contended", ""),
-                          ("steps x profile run", "step_time_ratio", ".2f"), ("host mismatch", "host_mismatch", "")]),
+                          ("steps x profile run", "step_time_ratio", ".2f"), ("host mismatch", "host_mismatch", ""),
+                          ("p95 err at run speed", "p95_e2e_err_at_run_speed", "%"),
+                          ("mean err at run speed", "mean_e2e_err_at_run_speed", "%")]),
             "\n## Live Table 3 analogue: measured gain over FCFS beside the simulated gain\n",
             "Gain = mean PTL / mean PTL of the FCFS run of the same workload at the same load - 1 (negative = "
             "faster); gap = simulated - measured gain in percentage points; `steps x FCFS run`: the run's step times over "

@@ -105,13 +105,38 @@ def test_json_fields(capsys):
             "real_p95_e2e_s", "sim_p95_e2e_s", "p95_e2e_err", "real_mean_ptl_s", "sim_mean_ptl_s",
             "real_p50_e2e_s", "sim_p99_e2e_s", "real_mean_ttft_s", "sim_p95_ttft_s", "real_mean_tpot_s",
             "sim_makespan_s", "median_abs_e2e_err", "contended", "probe_median_over_before_run",
-            "real_throughput_tok_s", "sim_predictor_gpu_s"}
+            "real_throughput_tok_s", "sim_predictor_gpu_s", "p95_e2e_err_at_run_speed", "mean_e2e_err_at_run_speed",
+            "sim_mean_ptl_s_at_run_speed"}
     for row in rows:
         assert need <= set(row), need - set(row)
         assert row["p95_e2e_err"] == pytest.approx(row["sim_p95_e2e_s"] / row["real_p95_e2e_s"] - 1)
         if row["policy"] != "fcfs":
             assert {"real_gain_vs_fcfs", "sim_gain_vs_fcfs", "gain_gap_pp"} <= set(row)
     assert any(r.get("live_cost_share_run") is not None for r in rows)
+
+
+def test_at_run_speed_scales_step_times_but_not_the_host_gap():
+    """The diagnostic replay's profile: the fitted step times (host gap apart) times the run's ratio."""
+    from experiments.validate_serving import AtRunSpeed
+    from simulator.profiles.fitted import FittedProfile
+
+    profile = FittedProfile({"intercept": 0.01, "prefill_tokens": 1e-5, "decode_requests": 2e-4,
+                             "decode_context": 1e-7, "prefill_sq": 0.0}, host_gap_s=0.003)
+    step = (300, 90000, 12, 5000)
+    assert AtRunSpeed(profile, 1.0).step_time(*step) == pytest.approx(profile.step_time(*step), rel=1e-15)
+    scaled = AtRunSpeed(profile, 1.25).step_time(*step)
+    assert scaled == pytest.approx((profile.step_time(*step) - 0.003) * 1.25 + 0.003)
+    assert AtRunSpeed(profile, 1.25).describe()["scaled_by_run_speed"] == 1.25
+
+
+def test_at_run_speed_takes_out_the_host_speed_of_a_run(live_rows):
+    """A run whose host ran 2% or more off its profile run's: the replay at the run's own speed moves
+    its mean error towards the real run (leap-rls-1.3: +7.1% -> -1.0%, measured)."""
+    _, rows = live_rows
+    off = [r for r in rows if abs(r["step_time_ratio"] - 1.0) > HOST_MATCH]
+    assert off, "no committed run ran 2% off its profile run"
+    closer = [r for r in off if abs(r["mean_e2e_err_at_run_speed"]) < abs(r["mean_e2e_err"])]
+    assert len(closer) >= len(off) - 1, [(r["run"], r["mean_e2e_err"], r["mean_e2e_err_at_run_speed"]) for r in off]
 
 
 def test_report_section_both_tables_and_empty_folder(tmp_path):
