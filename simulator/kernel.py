@@ -154,6 +154,44 @@ def _before(ka, ra, kb, rb):
     return ka < kb or (ka == kb and ra < rb)
 
 
+def _rekey_sort(ord_keys, ord_rows, n, keys_on, predicted, generated):
+    """Re-key ``ord_rows[:n]`` and restore its (key, row) order by insertion sort: near linear when
+    the keys moved little (a decoded prefix, an online update's small shift)."""
+    for i in range(n):
+        ord_keys[i] = _key(ord_rows[i], keys_on, predicted, generated)
+    for a in range(1, n):
+        kr, rr = ord_keys[a], ord_rows[a]
+        b = a - 1
+        while b >= 0 and _before(kr, rr, ord_keys[b], ord_rows[b]):
+            ord_keys[b + 1], ord_rows[b + 1] = ord_keys[b], ord_rows[b]
+            b -= 1
+        ord_keys[b + 1], ord_rows[b + 1] = kr, rr
+
+
+def _ord_insert(ord_keys, ord_rows, n, kr, r):
+    """Insert row ``r`` with key ``kr`` into the (key, row)-sorted ``ord_rows[:n]`` (binary search)."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _before(ord_keys[mid], ord_rows[mid], kr, r):
+            lo = mid + 1
+        else:
+            hi = mid
+    for i in range(n, lo, -1):
+        ord_keys[i], ord_rows[i] = ord_keys[i - 1], ord_rows[i - 1]
+    ord_keys[lo], ord_rows[lo] = kr, r
+
+
+def _lru_append(r, lru_prev, lru_next, head, tail):
+    """Row ``r`` to the tail of the residents' list by last service; returns (head, tail)."""
+    lru_prev[r], lru_next[r] = tail, -1
+    if tail >= 0:
+        lru_next[tail] = r
+    else:
+        head = r
+    return head, r
+
+
 def _heap_push(hk, hr, size, key, row):
     i = size
     hk[i], hr[i] = key, row
@@ -210,15 +248,7 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
     # many at once (an online update re-scores every resident): re-key all and re-sort (keys move
     # little, so the insertion sort is near linear)
     if keys_on != KEY_ROW and ist[S_REKEY] > REKEY_RESORT:
-        for i in range(n_res):
-            ord_keys[i] = _key(ord_rows[i], keys_on, predicted, generated)
-        for a in range(1, n_res):
-            kr, rr = ord_keys[a], ord_rows[a]
-            b = a - 1
-            while b >= 0 and _before(kr, rr, ord_keys[b], ord_rows[b]):
-                ord_keys[b + 1], ord_rows[b + 1] = ord_keys[b], ord_rows[b]
-                b -= 1
-            ord_keys[b + 1], ord_rows[b + 1] = kr, rr
+        _rekey_sort(ord_keys, ord_rows, n_res, keys_on, predicted, generated)
     elif keys_on != KEY_ROW:
         for j in range(ist[S_REKEY]):
             r = rekey[j]
@@ -229,17 +259,7 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
                 pos += 1
             for i in range(pos, n_res - 1):
                 ord_keys[i], ord_rows[i] = ord_keys[i + 1], ord_rows[i + 1]
-            kr = _key(r, keys_on, predicted, generated)
-            lo, hi = 0, n_res - 1
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if _before(ord_keys[mid], ord_rows[mid], kr, r):
-                    lo = mid + 1
-                else:
-                    hi = mid
-            for i in range(n_res - 1, lo, -1):
-                ord_keys[i], ord_rows[i] = ord_keys[i - 1], ord_rows[i - 1]
-            ord_keys[lo], ord_rows[lo] = kr, r
+            _ord_insert(ord_keys, ord_rows, n_res - 1, _key(r, keys_on, predicted, generated), r)
     ist[S_REKEY] = 0
     while finished < n and done_steps < max_steps:
         # a SimPy event fired before the step loop resumed here: earlier, or at this instant and
@@ -541,33 +561,15 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
                 else:
                     lru_tail = p
                 if not (finish_s[r] == finish_s[r]):
-                    lru_prev[r], lru_next[r] = lru_tail, -1
-                    if lru_tail >= 0:
-                        lru_next[lru_tail] = r
-                    else:
-                        lru_head = r
-                    lru_tail = r
+                    lru_head, lru_tail = _lru_append(r, lru_prev, lru_next, lru_head, lru_tail)
         for j in range(n_first):
             r = firsts[j]
             if not (finish_s[r] == finish_s[r]):
-                lru_prev[r], lru_next[r] = lru_tail, -1
-                if lru_tail >= 0:
-                    lru_next[lru_tail] = r
-                else:
-                    lru_head = r
-                lru_tail = r
+                lru_head, lru_tail = _lru_append(r, lru_prev, lru_next, lru_head, lru_tail)
         if keys_on != KEY_ROW:   # keep ord_rows sorted by (key, row): re-key, re-sort, drop, insert
             n_ord = n_res0
-            for i in range(ord_dirty if ord_dirty < n_ord else n_ord):
-                ord_keys[i] = _key(ord_rows[i], keys_on, predicted, generated)
-            top = ord_dirty if ord_dirty < n_ord else n_ord
-            for a in range(1, top):   # keys only fall: an insertion sort of the prefix
-                kr, rr = ord_keys[a], ord_rows[a]
-                b = a - 1
-                while b >= 0 and _before(kr, rr, ord_keys[b], ord_rows[b]):
-                    ord_keys[b + 1], ord_rows[b + 1] = ord_keys[b], ord_rows[b]
-                    b -= 1
-                ord_keys[b + 1], ord_rows[b + 1] = kr, rr
+            # keys only fall, and only in the decoded prefix (all rows where the choice was not a prefix)
+            _rekey_sort(ord_keys, ord_rows, ord_dirty if ord_dirty < n_ord else n_ord, keys_on, predicted, generated)
             if n_done:
                 m = 0
                 for i in range(n_ord):
@@ -580,17 +582,7 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
                 r = firsts[j]
                 if finish_s[r] == finish_s[r]:
                     continue
-                kr = _key(r, keys_on, predicted, generated)
-                lo, hi = 0, n_ord
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    if _before(ord_keys[mid], ord_rows[mid], kr, r):
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                for i in range(n_ord, lo, -1):
-                    ord_keys[i], ord_rows[i] = ord_keys[i - 1], ord_rows[i - 1]
-                ord_keys[lo], ord_rows[lo] = kr, r
+                _ord_insert(ord_keys, ord_rows, n_ord, _key(r, keys_on, predicted, generated), r)
                 n_ord += 1
         if released < n and n_done:   # closed loop: each completion submits the next row
             fresh = n_done if n_done < n - released else n - released
@@ -635,7 +627,7 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
 
 
 _JITTED = ("_dl_split", "_dl_mul", "_py_hypot", "_pairwise", "_step_time", "_locked", "_before", "_key",
-           "_heap_push", "_heap_pop")
+           "_rekey_sort", "_ord_insert", "_lru_append", "_heap_push", "_heap_pop")
 
 
 @functools.lru_cache(maxsize=1)
