@@ -85,6 +85,7 @@ from simulator.kernel import (
     S_YIELDS,
     load_kernel,
 )
+from simulator.prediction import refresh_due
 
 KERNELS = ("reference", "compiled")
 CHUNK_STEPS = 1 << 16            # steps per kernel call (progress reports between calls)
@@ -378,11 +379,9 @@ class CompiledRun:
         """Decode-time re-estimates of the rows just decoded to a multiple of ``refresh_every``
         tokens and not finished (PredictionDriver.after_step)."""
         d, t = self.driver, self.table
-        chosen = self.chosen[:int(self.ist[S_N_CHOSEN])]
-        generated = t.generated
-        due = chosen[(generated[chosen] % self.refresh_every == 0) & (generated[chosen] < t.length[chosen])]
+        due = refresh_due(t, self.chosen[:int(self.ist[S_N_CHOSEN])], self.refresh_every)
         if len(due):
-            self._set_estimates(due, self.predictor.refresh(due, generated[due]), self.now)
+            self._set_estimates(due, self.predictor.refresh(due, t.generated[due]), self.now)
             if d.charge_cost:
                 self.fst[F_CHARGE] += d.cost.gpu_s_per_refresh * len(due)
 

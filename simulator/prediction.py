@@ -15,6 +15,13 @@ from predictors.base import Known, PendingUpdate, Predictor, PredictorCost
 from simulator.requests import RequestTable
 
 
+def refresh_due(table: RequestTable, chosen: np.ndarray, every: int) -> np.ndarray:
+    """The rows of ``chosen`` just decoded to a multiple of ``every`` tokens and not finished: the
+    ones a refreshing predictor re-estimates after this step."""
+    generated = table.generated
+    return chosen[(generated[chosen] % every == 0) & (generated[chosen] < table.length[chosen])]
+
+
 class NoPrediction:
     """No predictor: nothing is estimated, charged or learnt."""
 
@@ -114,10 +121,9 @@ class PredictionDriver(NoPrediction):
                     if self.charge_cost:
                         self.gpu_debt += self.cost.gpu_s_per_refresh * len(first)
         if self.refresh_every:
-            generated, length = t.generated, t.length
-            due = chosen[(generated[chosen] % self.refresh_every == 0) & (generated[chosen] < length[chosen])]
+            due = refresh_due(t, chosen, self.refresh_every)
             if len(due):
-                t.set_predictions(due, self.predictor.refresh(due, generated[due]), end)
+                t.set_predictions(due, self.predictor.refresh(due, t.generated[due]), end)
                 if self.charge_cost:
                     self.gpu_debt += self.cost.gpu_s_per_refresh * len(due)
 
