@@ -32,7 +32,7 @@ from simulator.profiles.unit import UnitProfile  # noqa: E402
 from simulator.runner import RunConfig, execute, prepare  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_invariants import HYPO, FixedPredictor, cases, make_predictor_for  # noqa: E402
+from test_invariants import HYPO, FixedPredictor, cases, make_predictor_for, vllm_cases  # noqa: E402
 
 from predictors.base import Known, PendingUpdate, PredictorCost  # noqa: E402
 
@@ -65,6 +65,23 @@ def assert_identical(ref, comp) -> None:
         assert (a.tolist() == b.tolist()) if a.dtype == object else a.tobytes() == b.tobytes(), name
     for name in SCALARS:
         assert repr(getattr(ref, name)) == repr(getattr(comp, name)), name
+
+
+def replay_both(config: RunConfig, check=lambda prepared: None):
+    """Run ``config`` on both kernels (the compiled one really running: no fallback; ``check`` sees
+    each prepared run); their summaries (less ``sim_cpu_s``) and results must be identical. Returns
+    the compiled run's result."""
+    runs = {}
+    for kernel in ("reference", "compiled"):
+        prepared = prepare(dataclasses.replace(config, kernel=kernel))
+        assert unsupported(prepared.simulation) is None
+        check(prepared)
+        summary, result = execute(prepared)
+        summary.pop("sim_cpu_s")
+        runs[kernel] = summary, result
+    assert repr(runs["reference"][0]) == repr(runs["compiled"][0])
+    assert_identical(runs["reference"][1], runs["compiled"][1])
+    return runs["compiled"][1]
 
 
 def simulate(case, kernel: str, profile, predictor=None):
@@ -234,18 +251,11 @@ def test_compiled_matches_reference_with_decode_time_refresh(predictor, policy):
     """TRAIL (prefill probe + decode-state refreshes) and LEAP with refresh on the recorded trace."""
     from predictors.base import PredictorOptions
 
-    config = RunConfig(trace="sharegpt", predictor=predictor, policy=policy, load=1.5,
-                       predictor_options=PredictorOptions(refresh=True))
-    runs = {}
-    for kernel in ("reference", "compiled"):
-        prepared = prepare(dataclasses.replace(config, kernel=kernel))
+    def refreshes(prepared):
         assert prepared.simulation.predictor.refresh_every
-        assert unsupported(prepared.simulation) is None
-        summary, result = execute(prepared)
-        summary.pop("sim_cpu_s")
-        runs[kernel] = summary, result
-    assert repr(runs["reference"][0]) == repr(runs["compiled"][0])
-    assert_identical(runs["reference"][1], runs["compiled"][1])
+
+    replay_both(RunConfig(trace="sharegpt", predictor=predictor, policy=policy, load=1.5,
+                          predictor_options=PredictorOptions(refresh=True)), refreshes)
 
 
 @pytest.mark.parametrize(("trace", "load", "charge"), [("sharegpt", 1.5, True), ("alpaca", 1.0, True),
@@ -253,36 +263,13 @@ def test_compiled_matches_reference_with_decode_time_refresh(predictor, policy):
 def test_compiled_matches_reference_with_leap_rls(trace, load, charge):
     """LEAP+RLS on recorded traces (weights fitted on lmsys): its RLS publishes re-score every
     resident between compiled steps; without costs each publish lands at its feedback's instant."""
-    config = RunConfig(trace=trace, predictor="leap-rls", policy="countdown", load=load, charge_cost=charge)
-    runs = {}
-    for kernel in ("reference", "compiled"):
-        prepared = prepare(dataclasses.replace(config, kernel=kernel))
-        assert unsupported(prepared.simulation) is None
-        summary, result = execute(prepared)
-        summary.pop("sim_cpu_s")
-        runs[kernel] = summary, result
-    assert runs["compiled"][1].updates_published > 10
-    assert repr(runs["reference"][0]) == repr(runs["compiled"][0])
-    assert_identical(runs["reference"][1], runs["compiled"][1])
-
-
-@st.composite
-def vllm_cases(draw):
-    """As ``test_invariants.vllm_cases`` (chunked prefill, decodes in the budget, closed loop), on the
-    compiled policies."""
-    case = draw(cases(policies=("fcfs", "countdown", "trail-preemption"), predictors=("oracle", "noisy", "fixed")))
-    case.chunked_prefill = draw(st.booleans())
-    case.decodes_in_budget = draw(st.booleans())
-    if draw(st.booleans()):
-        case.closed_loop = draw(st.integers(min_value=1, max_value=len(case.prompt) + 2))
-        case.arrival = [case.arrival[0]] * len(case.prompt)
-    if not (case.chunked_prefill or case.decodes_in_budget or case.closed_loop):
-        case.chunked_prefill = True
-    return case
+    result = replay_both(RunConfig(trace=trace, predictor="leap-rls", policy="countdown", load=load,
+                                   charge_cost=charge))
+    assert result.updates_published > 10
 
 
 @settings(max_examples=300, **HYPO)
-@given(vllm_cases())
+@given(vllm_cases(policies=("fcfs", "countdown", "trail-preemption"), predictors=("oracle", "noisy", "fixed")))
 def test_compiled_matches_reference_under_vllm_v1_scheduling(case):
     profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
     assert_identical(simulate(case, "reference", profile), simulate(case, "compiled", profile))
@@ -299,27 +286,12 @@ def test_compiled_matches_reference_without_predictor(case):
 @pytest.mark.parametrize(("policy", "predictor"), [("fcfs", "none"), ("countdown", "oracle"),
                                                    ("countdown", "noisy-oracle")])
 def test_compiled_matches_reference_on_real_trace(policy, predictor, load):
-    config = RunConfig(trace="sharegpt-lengths", predictor=predictor, policy=policy, load=load, requests=2000)
-    runs = {}
-    for kernel in ("reference", "compiled"):
-        prepared = prepare(dataclasses.replace(config, kernel=kernel))
-        assert unsupported(prepared.simulation) is None
-        summary, result = execute(prepared)
-        summary.pop("sim_cpu_s")
-        runs[kernel] = summary, result
-    assert repr(runs["reference"][0]) == repr(runs["compiled"][0])
-    assert_identical(runs["reference"][1], runs["compiled"][1])
+    replay_both(RunConfig(trace="sharegpt-lengths", predictor=predictor, policy=policy, load=load, requests=2000))
 
 
 @pytest.mark.parametrize("engine", ["fitted", "qwen3-8b-h200", "llama3-8b-a100", "unit"])
 def test_compiled_matches_reference_on_every_profile(engine):
-    config = RunConfig(trace="sharegpt", predictor="oracle", policy="countdown", engine=engine, load=1.5)
-    results = []
-    for kernel in ("reference", "compiled"):
-        prepared = prepare(dataclasses.replace(config, kernel=kernel))
-        assert unsupported(prepared.simulation) is None
-        results.append(execute(prepared)[1])
-    assert_identical(*results)
+    replay_both(RunConfig(trace="sharegpt", predictor="oracle", policy="countdown", engine=engine, load=1.5))
 
 
 @settings(max_examples=150, **HYPO)
@@ -351,18 +323,11 @@ def test_compiled_matches_reference_on_recorded_preset(policy, predictor, arriva
     """The recorded serving setup: chunked prefill, decodes in the budget, closed-loop batch replay."""
     from simulator.workload import ArrivalSpec
 
-    config = RunConfig(trace="sharegpt", predictor=predictor, policy=policy, preset="recorded",
-                       arrivals=ArrivalSpec.parse(arrivals), load=None if arrivals == "closed" else 1.5)
-    runs = {}
-    for kernel in ("reference", "compiled"):
-        prepared = prepare(dataclasses.replace(config, kernel=kernel))
+    def chunked(prepared):
         assert prepared.simulation.config.chunked_prefill
-        assert unsupported(prepared.simulation) is None
-        summary, result = execute(prepared)
-        summary.pop("sim_cpu_s")
-        runs[kernel] = summary, result
-    assert repr(runs["reference"][0]) == repr(runs["compiled"][0])
-    assert_identical(runs["reference"][1], runs["compiled"][1])
+
+    replay_both(RunConfig(trace="sharegpt", predictor=predictor, policy=policy, preset="recorded",
+                          arrivals=ArrivalSpec.parse(arrivals), load=None if arrivals == "closed" else 1.5), chunked)
 
 
 def test_unsupported_configuration_says_so_and_uses_the_reference(capsys):

@@ -161,10 +161,11 @@ def cases(draw, policies=("fcfs", "countdown", "aging"), predictors=None, step_t
 
 
 @st.composite
-def vllm_cases(draw):
-    """``cases`` under vLLM V1 scheduling: chunked prefill, decodes counted against the token budget,
-    and closed loop (a batch: every request submitted at one instant, N of them in flight)."""
-    case = draw(cases())
+def vllm_cases(draw, **case_args):
+    """``cases`` (``case_args`` passed on) under vLLM V1 scheduling: chunked prefill, decodes counted
+    against the token budget, and closed loop (a batch: every request submitted at one instant, N of
+    them in flight)."""
+    case = draw(cases(**case_args))
     case.chunked_prefill = draw(st.booleans())
     case.decodes_in_budget = draw(st.booleans())
     if draw(st.booleans()):
