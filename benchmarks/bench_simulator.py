@@ -123,7 +123,7 @@ def hidden_state_cases(args) -> None:
     own work (its predictions, RLS updates and publishes: the same calls under both kernels) is
     timed apart, so the engine's share shows."""
     for predictor in ("leap", "leap-rls"):
-        rates, finish, own = {}, {}, {}
+        rates, share, engine_rates, finish = {}, {}, {}, {}
         for kernel in ("reference", "compiled"):
             runs = []
             for _ in range(args.repeat):
@@ -131,20 +131,19 @@ def hidden_state_cases(args) -> None:
                                              kernel=kernel))
                 spent = time_predictor(prepared.simulation.predictor)
                 summary, result = execute(prepared)
-                runs.append((summary["completed"], result.sim_cpu_s, spent[0], result.finish_s.tobytes()))
-            rates[kernel] = statistics.median(c / cpu for c, cpu, _, _ in runs)
-            own[kernel] = statistics.median(p / cpu for _, cpu, p, _ in runs)
-            finish[kernel] = runs[-1][3]
+                runs.append((summary["completed"], result.sim_cpu_s, spent[0]))
+                finish[kernel] = result.finish_s.tobytes()
             completed = runs[-1][0]
-            engine_rate = statistics.median(c / (cpu - p) for c, cpu, p, _ in runs)
-            own[kernel] = (own[kernel], engine_rate)
+            rates[kernel] = statistics.median(c / cpu for c, cpu, _ in runs)
+            share[kernel] = statistics.median(own / cpu for _, cpu, own in runs)
+            engine_rates[kernel] = statistics.median(c / (cpu - own) for c, cpu, own in runs)
         same = "identical finish times" if finish["compiled"] == finish["reference"] else "FINISH TIMES DIFFER"
         print(f"  countdown + {predictor} at 1.5x ({args.trace} as recorded, {completed:,}): reference "
               f"{rates['reference']:8.0f}, compiled {rates['compiled']:8.0f} requests/CPU-s "
               f"({rates['compiled'] / rates['reference']:.1f}x); {same}")
-        print(f"  {'':12s}the predictor's own calls: {own['reference'][0]:.0%} of the reference loop, "
-              f"{own['compiled'][0]:.0%} of the compiled; the engine without them: reference "
-              f"{own['reference'][1]:,.0f}, compiled {own['compiled'][1]:,.0f} requests/CPU-s")
+        print(f"  {'':12s}the predictor's own calls: {share['reference']:.0%} of the reference loop, "
+              f"{share['compiled']:.0%} of the compiled; the engine without them: reference "
+              f"{engine_rates['reference']:,.0f}, compiled {engine_rates['compiled']:,.0f} requests/CPU-s")
 
 
 def time_predictor(predictor) -> list[float]:
