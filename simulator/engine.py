@@ -6,7 +6,7 @@ composes the step (admission, prefill chunks, decode choice), the engine profile
 the null driver without a predictor) publishes estimates, charges costs and runs online updates
 on a separate CPU worker process. Rows are numbered in (arrival time, trace row) order, which
 makes "row order" the FCFS order and the final tie-break of every sort. Semantics:
-``../shared/spec/simulator.md``.
+``docs/semantics.md``.
 
 A step = prefill of the requests admitted this step (their first output token) + one decode token
 for up to ``decode_slots`` resident requests: first those forced by the wait cap, then the

@@ -5,7 +5,7 @@ re-derives everything (who has arrived, who is waiting, who is resident) from pe
 so it is slow and obviously correct. ``tests/test_invariants.py`` checks that the engine agrees
 with it request for request and step for step.
 
-Semantics implemented (../shared/spec/simulator.md plus the engine contract):
+Semantics implemented (docs/semantics.md):
 
 - Rows: requests are ordered by (arrival_s, caller's order): ties keep submission order; that
   order is FCFS and the last tie-break of every sort.

@@ -1,7 +1,7 @@
-"""The simulator's invariants (../shared/spec/simulator.md, "Invariants"), one test each, plus exact
+"""The simulator's invariants (docs/semantics.md, "Invariants"), one test each, plus exact
 agreement between the engine and an independent brute-force reference (tests/reference_sim.py).
 
-Invariants, numbered as in the spec:
+Invariants, numbered as in docs/semantics.md:
   1. conservation          arrived = finished + waiting + resident at every step; all finish
   2. limits                resident <= max_resident and decoded <= decode_slots in every step
   3. causality             arrival <= admit <= first token <= finish
