@@ -27,10 +27,10 @@ PREDICTORS: dict[str, type[Predictor]] = {
 
 
 #: Derived from the registry (lists elsewhere, e.g. the report and scripts/train_baselines.py, use these):
-#: the upper bounds that read the true lengths, the learned predictors, and of those the baselines
+#: the upper bounds that read the true lengths, the predictors that declare themselves learned, and the baselines
 #: (text-encoder / hidden-state heads with shipped weights, trained by scripts/train_baselines.py).
 ORACLES = tuple(n for n, c in PREDICTORS.items() if c.sees_true_lengths)
-LEARNED = tuple(n for n in PREDICTORS if n not in ORACLES)
+LEARNED = tuple(n for n, c in PREDICTORS.items() if c.learned)
 BASELINES = tuple(n for n, c in PREDICTORS.items() if issubclass(c, HeadPredictor))
 
 

@@ -140,6 +140,9 @@ class Predictor(ABC):
     stage: ClassVar[Literal["arrival", "prefill"]] = "prefill"
     requires: ClassVar[tuple[str, ...]] = ()   # trace columns the predictor reads
     sees_true_lengths: ClassVar[bool] = False  # oracles only: bound to the trace with its true lengths
+    # fitted on a training trace (the report's tables compare these); a toy or rule-based predictor
+    # stays out of them unless it says so
+    learned: ClassVar[bool] = False
     queue_aware: ClassVar[bool] = False        # its estimates depend on ``Known`` (arrived, finished)
     refresh_every: int | None = None
     # feedback returns None until this many finished rows have reached it since its last update, so

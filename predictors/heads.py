@@ -276,6 +276,7 @@ class HeadPredictor(Predictor):
     """A predictor whose weights are one :class:`Artifact` trained by its method's ``trainer``:
     shipped, cached or trained on ``PredictorOptions.train_trace`` (see :func:`resolve_artifact`)."""
 
+    learned = True
     method: ClassVar[str]
     version: ClassVar[int]
     defaults: ClassVar[dict]

@@ -41,6 +41,14 @@ from decimal import Decimal, localcontext
 from fractions import Fraction
 
 POLICIES = ("fcfs", "countdown", "aging")
+
+
+class NotModelled(ValueError):
+    """A policy this reference does not model: never silently simulated as another one."""
+
+    def __init__(self, policy: str):
+        super().__init__(f"the reference simulator does not model policy {policy!r} (models: {', '.join(POLICIES)})")
+
 TAU_S = 30.0
 AGING_PERIOD_S = 5.0
 REMAINING_FLOOR = 0.5
@@ -106,7 +114,8 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
     """
     n = len(prompt_tokens)
     assert len(output_tokens) == n and len(arrival_s) == n
-    assert policy in POLICIES, policy
+    if policy not in POLICIES:
+        raise NotModelled(policy)
     if policy != "fcfs":
         assert predicted is not None and len(predicted) == n, "this policy needs predictions"
     if request_ids is None:
@@ -165,8 +174,10 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
                 candidates = list(waiting)
             elif policy == "countdown":
                 candidates = sorted(waiting, key=lambda i: (pred[i], row_of[i]))
-            else:
+            elif policy == "aging":
                 candidates = sorted(waiting, key=lambda i: (_aging_key(pred[i], t, arrival[i]), row_of[i]))
+            else:
+                raise NotModelled(policy)
             candidates = candidates[:room]
             total = 0
             for i in candidates:
@@ -201,9 +212,11 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
                     ranked = rest
                 elif policy == "countdown":
                     ranked = sorted(rest, key=lambda i: (_remaining(pred[i], generated[i]), row_of[i]))
-                else:
+                elif policy == "aging":
                     ranked = sorted(rest, key=lambda i: (_aging_key(_remaining(pred[i], generated[i]), t,
                                                                     arrival[i]), row_of[i]))
+                else:
+                    raise NotModelled(policy)
                 decoded = forced + ranked[:decode_slots - len(forced)]
 
         # ---- step time

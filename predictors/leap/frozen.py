@@ -23,6 +23,7 @@ class Leap(Predictor):
 
     name = "leap"
     stage = "prefill"
+    learned = True
     requires = (DEFAULT_COLUMN,)
     column = DEFAULT_COLUMN
     target = DEFAULT_TARGET
