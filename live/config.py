@@ -21,13 +21,14 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from live.common import LiveConfigError
+from policies import POLICIES
 
 CONFIG_KEY = "leap_live"
 SCHEDULER_CLS = "live.scheduler.LeapScheduler"
 WORKER_EXTENSION_CLS = "live.worker_ext.LiveExt"
 
-#: Policies the live scheduler applies (the project's own classes, policies/).
-LIVE_POLICIES = ("fcfs", "countdown", "aging")
+#: Policies the live scheduler applies: those that declare ``live`` (the project's own classes, policies/).
+LIVE_POLICIES = tuple(name for name, cls in POLICIES.items() if cls.live)
 #: Predictors available live, and whether each needs the worker hook (the serving model's state).
 LIVE_PREDICTORS = {"none": False, "oracle": False, "leap": True, "leap-rls": True, "ssjf": False}
 #: Live predictors that score a request at arrival (before prefill): they may order admission.

@@ -25,6 +25,7 @@ KEY_DECIMALS = 9   # log-key resolution: far below any real difference, far abov
 
 class Aging(Policy):
     name = "aging"
+    live = True
 
     def __init__(self, gamma: float = GAMMA, tau_s: float = TAU_S, recompute_s: float = RECOMPUTE_S):
         if not 0 < gamma < 1:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -29,11 +29,29 @@ class SchedulerView:
     first_predicted: np.ndarray | None = None  # float64, each row's first estimate (nan before)
 
 
+@dataclass(frozen=True)
+class CompiledForm:
+    """What the compiled kernel (``simulator/kernel.py``) runs in place of ``decode_keys``: a policy
+    that declares one is replayed there byte for byte; one that does not runs on the reference engine.
+
+    ``keys``: ``"row"`` (arrival order) or ``"remaining"`` (countdown's remaining length; a rank
+    predictor's static score); ``lock_after``: TRAIL's limited preemption, a row past this share of its
+    first estimate that held a slot in the previous step keeps it; ``rank_predictors``: whether a
+    rank-only predictor's scores may serve as keys under this form.
+    """
+
+    keys: Literal["row", "remaining"]
+    lock_after: float | None = None
+    rank_predictors: bool = True
+
+
 class Policy(ABC):
     """One scheduling policy. Subclasses live one per file and register in ``policies/__init__``."""
 
     name: ClassVar[str]
     uses_predictions: ClassVar[bool] = True
+    # the live scheduler (live/scheduler.py) runs it: it needs only the SchedulerView fields vLLM can fill
+    live: ClassVar[bool] = False
 
     def reset(self, n: int) -> None:  # noqa: B027 -- optional hook: stateless policies keep the no-op
         """A new run of ``n`` rows starts: drop any state kept from the previous one (stateful
@@ -45,6 +63,10 @@ class Policy(ABC):
 
     def admission_keys(self, view: SchedulerView, rows: np.ndarray) -> np.ndarray | None:
         """Keys for waiting ``rows`` (only asked when the predictor scores before prefill)."""
+        return None
+
+    def compiled_form(self) -> CompiledForm | None:
+        """The kernel's statement of this policy (None: the reference engine runs it)."""
         return None
 
     def describe(self) -> dict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from policies.base import Policy, SchedulerView
+from policies.base import CompiledForm, Policy, SchedulerView
 
 REMAINING_FLOOR = 0.5
 
@@ -22,9 +22,13 @@ def remaining(view: SchedulerView, rows: np.ndarray) -> np.ndarray:
 
 class Countdown(Policy):
     name = "countdown"
+    live = True
 
     def decode_keys(self, view: SchedulerView, rows):
         return remaining(view, rows)
+
+    def compiled_form(self) -> CompiledForm:
+        return CompiledForm(keys="remaining")
 
     def admission_keys(self, view: SchedulerView, rows):
         return view.predicted[rows]

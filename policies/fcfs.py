@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from policies.base import Policy, SchedulerView
+from policies.base import CompiledForm, Policy, SchedulerView
 
 
 class FCFS(Policy):
     name = "fcfs"
     uses_predictions = False
+    live = True
 
     def decode_keys(self, view: SchedulerView, rows):
         return None
+
+    def compiled_form(self) -> CompiledForm:
+        return CompiledForm(keys="row")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from policies.base import Policy, SchedulerView
+from policies.base import CompiledForm, Policy, SchedulerView
 from policies.countdown import remaining
 
 PREEMPTION_LIMIT = 0.8
@@ -47,6 +47,10 @@ class TrailPreemption(Policy):
 
     def admission_keys(self, view: SchedulerView, rows):
         return view.predicted[rows]
+
+    def compiled_form(self) -> CompiledForm:
+        # with a rank predictor the locked key -1 need not sort below every score
+        return CompiledForm(keys="remaining", lock_after=self.c, rank_predictors=False)
 
     def describe(self) -> dict:
         return {"name": self.name, "c": self.c}

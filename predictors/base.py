@@ -143,6 +143,9 @@ class Predictor(ABC):
     # fitted on a training trace (the report's tables compare these); a toy or rule-based predictor
     # stays out of them unless it says so
     learned: ClassVar[bool] = False
+    # every row's estimate is fixed once bound (no dependence on time, queue or feedback), so the
+    # compiled kernel may hold them as a constant array
+    static_estimates: ClassVar[bool] = False
     queue_aware: ClassVar[bool] = False        # its estimates depend on ``Known`` (arrived, finished)
     refresh_every: int | None = None
     # feedback returns None until this many finished rows have reached it since its last update, so

@@ -17,6 +17,7 @@ class NoisyOracle(Predictor):
     name = "noisy-oracle"
     stage = "arrival"
     sees_true_lengths = True
+    static_estimates = True
 
     def __init__(self, noise_mae: float = 0.0):
         self.noise_mae = float(noise_mae)

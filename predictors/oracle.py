@@ -11,6 +11,7 @@ class Oracle(Predictor):
     name = "oracle"
     stage = "arrival"
     sees_true_lengths = True
+    static_estimates = True
 
     def bind(self, workload, rng):
         super().bind(workload, rng)

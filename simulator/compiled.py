@@ -92,54 +92,47 @@ CHUNK_STEPS = 1 << 16            # steps per kernel call (progress reports betwe
 
 
 def unsupported(sim) -> str | None:
-    """Why the compiled kernel cannot replay ``sim`` exactly (None: it can)."""
-    from policies.countdown import Countdown
-    from policies.fcfs import FCFS
-    from policies.trail_preemption import TrailPreemption
-    from predictors.noisy_oracle import NoisyOracle
-    from predictors.oracle import Oracle
-    from simulator.profiles.fitted import FittedProfile
-    from simulator.profiles.roofline import RooflineProfile
-    from simulator.profiles.unit import UnitProfile
-
+    """Why the compiled kernel cannot replay ``sim`` exactly (None: it can). Reads what the policy,
+    predictor and profile declare (``compiled_form``, ``static_estimates``, ``compiled_coefficients``)."""
     if load_kernel() is None:
         return "numba is not installed (or does not load)"
-    if type(sim.policy) not in (FCFS, Countdown, TrailPreemption):
-        return f"policy {sim.policy.name!r} is not compiled (fcfs, countdown and trail-preemption are)"
+    form = sim.policy.compiled_form()
+    if form is None:
+        from policies import POLICIES
+        compiled = ", ".join(n for n, c in POLICIES.items() if _declares_compiled_form(c))
+        return f"policy {sim.policy.name!r} is not compiled ({compiled} are)"
     p = sim.predictor
-    if type(sim.policy) is TrailPreemption and p is not None and p.output == "rank":
-        return "trail-preemption with a rank predictor is not compiled (its locked key -1 need not sort first)"
-    if p is not None and type(p) not in (Oracle, NoisyOracle):
+    if not form.rank_predictors and p is not None and p.output == "rank":
+        return f"{sim.policy.name} with a rank predictor is not compiled (its locked key -1 need not sort first)"
+    if p is not None and not p.static_estimates:
         if p.stage == "prefill" and sim.closed_loop is not None:
             return f"predictor {p.name!r} predicts after prefill in a closed loop (not compiled)"
-    if type(sim.profile) not in (RooflineProfile, FittedProfile, UnitProfile):
+    if sim.profile.compiled_coefficients() is None:
         return f"engine profile {sim.profile.name!r} is not compiled"
-    if type(sim.profile) is FittedProfile and not all(
-            isinstance(v, float) for v in [sim.profile._a, *sim.profile._w]):
-        return "the fitted profile has non-float coefficients"
     if sim.record_steps:
         return "step logs are recorded by the reference engine only"
     return None
 
 
-def profile_coefficients(profile) -> tuple[int, np.ndarray, np.ndarray]:
-    """(kind, integer coefficients, float coefficients) of a compiled step-time formula."""
-    from simulator.profiles.fitted import FittedProfile
-    from simulator.profiles.roofline import RooflineProfile
+def _declares_compiled_form(policy_class) -> bool:
+    try:
+        return policy_class().compiled_form() is not None
+    except TypeError:   # a policy that needs constructor arguments: not listed
+        return False
 
+
+_PROFILE_FORMS = {"roofline": PROFILE_ROOFLINE, "fitted": PROFILE_FITTED, "unit": PROFILE_UNIT}
+
+
+def profile_coefficients(profile) -> tuple[int, np.ndarray, np.ndarray]:
+    """(kernel form, integer coefficients, float coefficients) from the profile's own declaration."""
+    declared = profile.compiled_coefficients()
+    if declared is None:
+        raise TypeError(f"engine profile {profile.name!r} declares no compiled form")
+    form, ints_in, floats_in = declared
     ints, floats = np.zeros(2, dtype=np.int64), np.zeros(8, dtype=np.float64)
-    if type(profile) is RooflineProfile:
-        if not (isinstance(profile._weight_bytes, int) and isinstance(profile._kv_bytes, int)):
-            raise TypeError("roofline byte counts must be integers")
-        ints[:] = profile._weight_bytes, profile._kv_bytes
-        floats[:7] = (profile._bw, profile._body_flop_per_token, profile._head_flop,
-                      profile._prefill_attn_flop_per_sq, profile._decode_attn_flop_per_ctx, profile._flops,
-                      profile.overhead_s)
-        return PROFILE_ROOFLINE, ints, floats
-    if type(profile) is FittedProfile:
-        floats[:5] = profile._a, *profile._w
-        return PROFILE_FITTED, ints, floats
-    return PROFILE_UNIT, ints, floats
+    ints[:len(ints_in)], floats[:len(floats_in)] = ints_in, floats_in
+    return _PROFILE_FORMS[form], ints, floats
 
 
 @functools.cache
@@ -153,10 +146,7 @@ class CompiledRun:
     written in place, so the run's result is read from the table as the reference engine's is)."""
 
     def __init__(self, sim, table, driver):
-        from policies.trail_preemption import TrailPreemption
         from predictors.base import Predictor
-        from predictors.noisy_oracle import NoisyOracle
-        from predictors.oracle import Oracle
 
         self.table, cfg, n = table, sim.config, table.n
         self.predictor, self.driver = sim.predictor, driver
@@ -164,7 +154,7 @@ class CompiledRun:
         self.track_error = self.has_pred and sim.predictor.output == "length"
         if not self.has_pred:
             self.mode, self.predicted = PRED_NONE, np.zeros(n, dtype=np.float64)
-        elif type(sim.predictor) in (Oracle, NoisyOracle):   # estimates fixed per row at bind time
+        elif sim.predictor.static_estimates:   # estimates fixed per row at bind time
             self.mode = PRED_STATIC
             self.predicted = np.ascontiguousarray(
                 sim.predictor.predict(np.arange(n), Known(arrived=0, finished=0)), dtype=np.float64)
@@ -187,8 +177,9 @@ class CompiledRun:
         self.fb_rows = np.empty(max(n, 1), dtype=np.int64)       # finished rows awaiting feedback
         self.fb_ends = np.empty(max(n, 1), dtype=np.int64)       # ... grouped by the step they finished in
         self.ordered = self.has_pred and sim.predictor.stage == "arrival" and sim.policy.uses_predictions
-        self.lock_c = float(sim.policy.c) if type(sim.policy) is TrailPreemption else -1.0
-        self.keys_on = (KEY_ROW if sim.policy.name == "fcfs" else
+        form = sim.policy.compiled_form()
+        self.lock_c = float(form.lock_after) if form.lock_after is not None else -1.0
+        self.keys_on = (KEY_ROW if form.keys == "row" else
                         KEY_SCORE if sim.predictor.output == "rank" else KEY_REMAINING)
         self.cfg = cfg
         self.kind, self.pi, self.pf = profile_coefficients(sim.profile)

@@ -26,7 +26,7 @@ if importlib.util.find_spec("numba") is None:
 from core.trace import trace_from_arrays  # noqa: E402
 from policies import make_policy  # noqa: E402
 from simulator.compiled import unsupported  # noqa: E402
-from simulator.engine import Simulation  # noqa: E402
+from simulator.engine import EngineConfig, Simulation  # noqa: E402
 from simulator.profiles import make_profile  # noqa: E402
 from simulator.profiles.unit import UnitProfile  # noqa: E402
 from simulator.runner import RunConfig, execute, prepare  # noqa: E402
@@ -82,6 +82,46 @@ def replay_both(config: RunConfig, check=lambda prepared: None):
     assert repr(runs["reference"][0]) == repr(runs["compiled"][0])
     assert_identical(runs["reference"][1], runs["compiled"][1])
     return runs["compiled"][1]
+
+
+REGISTRY_N = 48
+REGISTRY_CONFIG = EngineConfig(max_resident=24, decode_slots=4, prefill_token_budget=4096, wait_cap=16)
+
+
+def _registry_pairs():
+    """Every registered (predictor, policy) pair the CLI accepts, generated from the registries, so
+    a new entry is held to byte identity without editing this file."""
+    from policies import POLICIES
+    from predictors import PREDICTORS
+    return [(pred, pol) for pol, cls in POLICIES.items() for pred in ["none", *PREDICTORS]
+            if not (pred == "none" and cls.uses_predictions)]
+
+
+@pytest.fixture(scope="module")
+def registry_workload():
+    from core.trace import load_trace
+    trace = load_trace("lmsys")
+    return trace, trace.take(np.arange(REGISTRY_N))
+
+
+@pytest.mark.parametrize(("predictor", "policy"), _registry_pairs())
+def test_every_pair_the_kernel_accepts_is_byte_identical(predictor, policy, registry_workload):
+    """Each pair the compiled kernel accepts (its declarations, not a list here) replays byte for
+    byte; a pair it refuses must say why and is skipped with that reason."""
+    from predictors import make_predictor
+    trace, workload = registry_workload
+    arrival = np.arange(REGISTRY_N) * 0.05       # a burst: the policy chooses
+    profile = make_profile("qwen3-8b-h100", trace)
+    results = {}
+    for kernel in ("reference", "compiled"):
+        sim = Simulation(workload, arrival, policy=make_policy(policy),
+                         predictor=None if predictor == "none" else make_predictor(predictor),
+                         profile=profile, config=REGISTRY_CONFIG, seed=1, kernel=kernel)
+        reason = unsupported(sim)
+        if reason is not None:
+            pytest.skip(f"not compiled: {reason}")
+        results[kernel] = sim.run()
+    assert_identical(results["reference"], results["compiled"])
 
 
 def simulate(case, kernel: str, profile, predictor=None):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Literal
 
 from core.hardware import DEFAULT_HARDWARE, Hardware
 
@@ -26,6 +27,13 @@ class EngineProfile(ABC):
         """The (model, GPU) that predictor costs are charged on. Profiles that model no hardware
         (unit, fitted from recorded steps) use the default engine's, ``qwen3-8b-h100``."""
         return DEFAULT_HARDWARE
+
+    def compiled_coefficients(self) -> tuple[Literal["unit", "fitted", "roofline"], tuple[int, ...],
+                                             tuple[float, ...]] | None:
+        """The step-time formula as the compiled kernel evaluates it: (form, integer coefficients,
+        float coefficients), in the order that formula reads them. None: not compiled (the reference
+        engine runs the profile)."""
+        return None
 
     def describe(self) -> dict:
         return {"name": self.name}

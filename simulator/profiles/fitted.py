@@ -107,6 +107,13 @@ class FittedProfile(EngineProfile):
                    host_gap_s=host_gap, runs_used=sorted(int(k) for k in np.unique(run[rows])),
                    runs_dropped=dropped, note=note)
 
+    def compiled_coefficients(self):
+        """(intercept + host gap, then the FEATURES weights): the kernel's sum in ``step_time``'s order."""
+        coefs = (self._a, *self._w)
+        if not all(isinstance(v, float) for v in coefs):
+            return None
+        return "fitted", (), coefs
+
     def step_time(self, prefill_tokens, prefill_sq, decode_batch, decode_context) -> float:
         w = self._w
         t = self._a + w[0] * prefill_tokens + w[1] * decode_batch + w[2] * decode_context + w[3] * prefill_sq

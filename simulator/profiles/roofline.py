@@ -66,6 +66,14 @@ class RooflineProfile(EngineProfile):
         comp = self._body_flop_per_token * tokens / self._flops
         return math.hypot(mem, comp)
 
+    def compiled_coefficients(self):
+        """Byte counts (integers) and rates in the order ``step_time`` combines them."""
+        if not (isinstance(self._weight_bytes, int) and isinstance(self._kv_bytes, int)):
+            return None
+        return "roofline", (self._weight_bytes, self._kv_bytes), (
+            self._bw, self._body_flop_per_token, self._head_flop, self._prefill_attn_flop_per_sq,
+            self._decode_attn_flop_per_ctx, self._flops, self.overhead_s)
+
     def step_time(self, prefill_tokens, prefill_sq, decode_batch, decode_context) -> float:
         tokens = prefill_tokens + decode_batch
         mem = (self._weight_bytes + self._kv_bytes * decode_context) / self._bw
