@@ -45,6 +45,7 @@ import numpy as np
 from capture import CaptureError
 from capture.record import host_description
 from core.cli import OneLineParser, run_command
+from live import prechecks
 
 CAPACITY_FILE = "live_capacity.json"
 SERVE_TIMING = ("open loop: each request is submitted at the first engine-step boundary after its "
@@ -358,6 +359,8 @@ def serve_main(argv) -> int:
         parts = out.with_name(out.name + ".parts")
         if (out.exists() or parts.exists()) and not (args.resume or args.overwrite):
             raise CaptureError(f"{out} (or its .parts) exists; use --resume to continue or --overwrite")
+    prechecks.check_resume(args.resume, out)
+    prechecks.check_arrivals_file(args.arrivals)
     live = live_config(args)
     engine_overrides = scheduler_engine_args(live)
 
@@ -391,6 +394,9 @@ def serve_main(argv) -> int:
     table = src.table
     rid_col = table.column("request_id").to_pylist()
     ids = [rid_col[i] for i in rows]
+    prechecks.check_prompt_text(args.source, meta, table.column_names, [
+        table.column("prompt_text")[int(i)].as_py() for i in rows] if "prompt_text" in table.column_names else [])
+    prechecks.check_readout(live, model_dir, args.kv_space_gib, dtype)
     try:
         from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(str(model_dir))
