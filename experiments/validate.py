@@ -23,6 +23,7 @@ import numpy as np
 
 from core.cli import OneLineParser, run_command
 from core.trace import Trace, TraceError, load_trace
+from experiments.replay_errors import replay_errors
 from experiments.validate_serving import (
     PREDICTOR_COSTS,
     SIDE_TABLE_SUFFIXES,
@@ -87,9 +88,8 @@ def validate_one(trace: Trace, profile_from: Trace, requests: int | None = None)
            "profile_from": profile_from.name, "profile_runs_dropped": profile.describe()["runs_dropped"]}
     row.update(_figures("real", real["e2e"], real["ttft"], out_tok, real_makespan))
     row.update(_figures("sim", sim_e2e, sim_ttft, out_tok, result.makespan_s))
-    row["p95_e2e_err"] = row["sim_p95_e2e_s"] / row["real_p95_e2e_s"] - 1.0
-    row["mean_e2e_err"] = row["sim_mean_e2e_s"] / row["real_mean_e2e_s"] - 1.0
-    row["median_abs_e2e_err"] = float(np.median(np.abs(sim_e2e - real["e2e"]) / real["e2e"]))
+    errors = replay_errors(row, sim_e2e, real["e2e"])
+    row.update({k: errors[k] for k in ("p95_e2e_err", "mean_e2e_err", "median_abs_e2e_err")})
     return row
 
 

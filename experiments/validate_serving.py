@@ -12,6 +12,7 @@ import json
 import numpy as np
 
 from core.trace import Trace, TraceError, load_trace
+from experiments.replay_errors import replay_errors
 from simulator.runner import NO_PREDICTOR
 
 
@@ -491,11 +492,7 @@ def validate_serving(trace: Trace, profile_from: Trace, predictor_cost: str = "n
     row.update(_figures("sim", sim["e2e"], sim["ttft"], out_tok, sim["makespan_s"]))
     row["real_throughput_tok_s"] = float(out_tok.sum() / real_makespan) if real_makespan > 0 else float("nan")
     row["sim_throughput_tok_s"] = float(out_tok.sum() / sim["makespan_s"]) if sim["makespan_s"] > 0 else float("nan")
-    row["p95_e2e_err"] = row["sim_p95_e2e_s"] / row["real_p95_e2e_s"] - 1.0
-    row["mean_e2e_err"] = row["sim_mean_e2e_s"] / row["real_mean_e2e_s"] - 1.0
-    row["mean_ptl_err"] = row["sim_mean_ptl_s"] / row["real_mean_ptl_s"] - 1.0
-    row["makespan_err"] = row["sim_makespan_s"] / row["real_makespan_s"] - 1.0
-    row["median_abs_e2e_err"] = float(np.median(np.abs(sim["e2e"] - real["e2e"]) / real["e2e"]))
+    row.update(replay_errors(row, sim["e2e"], real["e2e"]))
     row.update(probe_summary(trace))
     ratio = step_time_ratio(trace, profile)
     row["step_time_ratio"] = ratio
