@@ -44,6 +44,7 @@ import numpy as np
 
 from capture import CaptureError
 from capture.record import host_description
+from core.checks import MAX_NUMPY_SEED, bounded_int
 from core.cli import OneLineParser, run_command
 from live import prechecks
 
@@ -104,7 +105,7 @@ def serve_parser() -> argparse.ArgumentParser:
                    help="pin the engine to these CPUs, e.g. 1 (one core) or 0-1")
     p.add_argument("--probe-every", type=int, default=4, metavar="N",
                    help="time the drift probe after every N-th engine step (0 disables)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=bounded_int(0, MAX_NUMPY_SEED), default=0)
     p.add_argument("--out", metavar="FILE.parquet", help="serving trace (e.g. traces/live/NAME.parquet)")
     p.add_argument("--resume", action="store_true", help="continue a crashed run (new segment)")
     p.add_argument("--overwrite", action="store_true")

@@ -278,3 +278,18 @@ def test_a_write_refused_by_the_file_size_limit_names_the_file(tmp_path, monkeyp
     with pytest.raises(OSError, match=r"results\.csv: File too large"):
         io._atomic(tmp_path / "results.csv", too_large)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--arrivals", "EMPTY", "--out", "o.parquet"], "empty CSV"),
+    (["--arrivals", "poisson", "--rate", "1", "--out", "o.parquet", "--resume"], "nothing to resume"),
+    (["--arrivals", "poisson", "--rate", "1", "--out", "o.parquet", "--seed", str(2**64)], "--seed"),
+])
+def test_leap_serve_refuses_before_the_trace_and_the_engine(extra, fragment, tmp_path, monkeypatch, capsys):
+    from live.serve import main as serve_main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.csv").write_text("")
+    argv = ["--from", "lmsys", *[str(tmp_path / "empty.csv") if a == "EMPTY" else a for a in extra]]
+    refused(capsys, serve_main(argv), "leap-serve", fragment)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.csv"]
