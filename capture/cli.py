@@ -50,10 +50,12 @@ def _dispatch(argv: list[str]) -> int | None:
 
 
 def _prepare_model(argv: list[str]) -> int:
+    from core.checks import output_path
+
     from .model import DEFAULT_MODEL_DIR, prepare_model
 
     p = OneLineParser(prog=f"{PROG} prepare-model")
-    p.add_argument("--out", default=str(DEFAULT_MODEL_DIR))
+    p.add_argument("--out", type=output_path, default=str(DEFAULT_MODEL_DIR))
     p.add_argument("--force", action="store_true")
     a = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -36,13 +36,9 @@ def check_model_out(out_dir: Path) -> None:
     parent is writable (the checkpoint is written beside it, then renamed into place)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise CaptureError(f"--out {out_dir}: exists and is not a folder")
-    parent = out_dir.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise CaptureError(f"--out {out_dir}: {parent} is not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise CaptureError(f"--out {out_dir}: {parent} is not writable")
+    from core.checks import check_writable
+
+    check_writable("--out", out_dir.with_name(out_dir.name + ".tmp"))   # where the checkpoint is first written
 
 
 def prepare_model(out_dir: Path = DEFAULT_MODEL_DIR, force: bool = False) -> Path:

@@ -325,12 +325,16 @@ def _file_records(kind: str, path: Path) -> Iterator[tuple[str, dict]]:
         for i, rec in enumerate(data):
             yield f"record {i}", rec
     elif kind == "csv":
-        reader = csv.DictReader(_open_text(path).splitlines(keepends=True))
+        # strict: an unterminated quote is an error, not the rest of the file read into one field
+        reader = csv.DictReader(_open_text(path).splitlines(keepends=True), strict=True)
+        start = 2
         try:
             for rec in reader:
-                yield f"line {reader.line_num}", {k: v for k, v in rec.items() if k is not None}
+                yield f"line {start}", {k: v for k, v in rec.items() if k is not None}
+                start = reader.line_num + 1
         except csv.Error as e:
-            raise CaptureError(f"bad CSV in {path} line {reader.line_num}: {e}") from None
+            raise CaptureError(f"bad CSV in {path}: the record from line {start}: {e} "
+                               "(a quote that is never closed?)") from None
     else:
         try:
             import pyarrow.parquet as pq

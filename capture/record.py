@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from core.checks import bounded_int, finite_float, output_path
 from core.cli import OneLineParser
 from core.io import atomic_write_bytes
 
@@ -67,10 +68,10 @@ def build_parser(description: str | None = None) -> OneLineParser:
 
     sampling = p.add_argument_group("sampling")
     sampling.add_argument("--max-tokens", type=int, default=DEFAULTS["max_tokens"], metavar="M")
-    sampling.add_argument("--temperature", type=float, default=DEFAULTS["temperature"])
-    sampling.add_argument("--top-p", type=float, default=DEFAULTS["top_p"])
-    sampling.add_argument("--repetition-penalty", type=float, default=DEFAULTS["repetition_penalty"])
-    sampling.add_argument("--seed", type=int, default=DEFAULTS["seed"])
+    sampling.add_argument("--temperature", type=finite_float(0.0), default=DEFAULTS["temperature"])
+    sampling.add_argument("--top-p", type=finite_float(0.0, 1.0), default=DEFAULTS["top_p"])
+    sampling.add_argument("--repetition-penalty", type=finite_float(0.0), default=DEFAULTS["repetition_penalty"])
+    sampling.add_argument("--seed", type=bounded_int(0, 2**63 - 1), default=DEFAULTS["seed"])
 
     engine = p.add_argument_group("engine")
     engine.add_argument("--backend", choices=["vllm", "transformers"], default="vllm")
@@ -86,7 +87,7 @@ def build_parser(description: str | None = None) -> OneLineParser:
                         help="vLLM: VLLM_CPU_OMP_THREADS_BIND (e.g. 0-1); transformers: torch threads")
 
     output = p.add_argument_group("output")
-    output.add_argument("--out", required=True, metavar="FILE.parquet")
+    output.add_argument("--out", required=True, type=output_path, metavar="FILE.parquet")
     output.add_argument("--resume", action="store_true",
                         help="continue an interrupted (or extend a finished) recording")
     output.add_argument("--overwrite", action="store_true", help="replace an existing trace")
@@ -109,7 +110,9 @@ def check_args(args):
     """Every flag against the model's config and the output path, before anything is loaded or
     written: bad input -> CaptureError (one line, exit 2). Returns (model_dir, model config)."""
     from .model import check_model_dir, read_config
+    from .store import check_output_flags
 
+    check_output_flags(args)
     model_dir = check_model_dir(args.model)
     cfg = read_config(model_dir)
     nl = cfg.get("num_hidden_layers")
@@ -261,7 +264,7 @@ def record(args) -> int:
 
     prompts = load_prompts(args.prompts, per_domain_limit=args.per_domain_limit)
     if not prompts:
-        raise CaptureError("no prompts selected")
+        raise CaptureError(f"no prompts selected by --prompts {' '.join(args.prompts)} (an empty file or slice?)")
     log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
     tok, template = _load_tokenizer(model_dir)
     items, skipped = _tokenized(args, tok, prompts)

@@ -34,6 +34,15 @@ from . import CaptureError
 KINDS = ("gen", "dec", "steps", "feat")
 
 
+def check_output_flags(args) -> None:
+    """Output flags that contradict each other, refused before the model is even looked at."""
+    if args.resume and args.overwrite:
+        raise CaptureError("--resume and --overwrite contradict each other (continue the recording, or "
+                           "replace it): give one")
+    if args.finalize_partial and not args.resume:
+        raise CaptureError("--finalize-partial needs --resume (it finishes the recording --out holds)")
+
+
 def check_output_trace(out: Path, what: str) -> None:
     """Before anything runs: ``out`` names a .parquet file whose folder exists and is writable,
     and neither it nor its side tables' paths is a folder."""

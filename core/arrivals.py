@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from core.rows import check_times
+
 LOAD_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*[xX]?\s*$")
 
 
@@ -46,15 +48,14 @@ def read_timestamps_csv(path: Path) -> np.ndarray:
         raise ValueError(f"--arrivals {path}: needs at least two timestamps")
     try:
         values = np.array([float(v) for v in raw])
-    except ValueError:
+    except ValueError:   # date-times: seconds from the first row
         try:
             stamps = [datetime.fromisoformat(v.strip()[:26]) for v in raw]
         except ValueError as exc:
             raise ValueError(f"--arrivals {path}: unparseable timestamp ({exc})") from None
         values = np.array([(s - stamps[0]).total_seconds() for s in stamps])
-    if not np.isfinite(values).all():
-        i = int(np.flatnonzero(~np.isfinite(values))[0])
-        raise ValueError(f"--arrivals {path}: timestamp {i + 1} ({raw[i].strip()!r}) is not a finite number")
+    else:   # numbers are seconds from the trace's start: a negative one is a misread value
+        check_times(f"--arrivals {path}", header[col].strip(), values, error=ValueError)
     values = np.sort(values - values.min())
     if values[-1] <= 0:
         raise ValueError(f"--arrivals {path}: all timestamps are equal")

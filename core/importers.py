@@ -19,7 +19,7 @@ Conventions (the same for every format):
 - Rows with 0 prompt tokens or 0 output tokens are dropped (a request that read or wrote nothing
   is a failed or cancelled call, with nothing to schedule); the count is kept in the metadata
   (``import.dropped_zero_tokens``) and ``simulate`` prints it. Negative, missing or fractional
-  counts are refused, naming the file, column and row.
+  counts, and negative or non-finite times, are refused, naming the file, column and row.
 - ``max_tokens`` = the largest output of the file (none of these traces records the cap its
   service used); ``finish_reason`` = ``stop`` for every row (unknown; a natural end is assumed).
 """
@@ -37,7 +37,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from core.contract import METADATA_KEY, REQUIRED_COLUMNS, SCHEMA_VERSION, TraceError
+from core.contract import MAX_REQUEST_TOKENS, METADATA_KEY, REQUIRED_COLUMNS, SCHEMA_VERSION, TraceError
+from core.rows import check_times
 
 IMPORT_VERSION = 1
 #: Generic files: accepted column names (case-insensitive), first match wins.
@@ -82,11 +83,15 @@ def _counts(path: Path, table: pa.Table, column: str) -> np.ndarray:
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             raise TraceError(f"trace {path}: column {column}: row {row}: {values[row]} is not a whole token count")
-    values = values.astype(np.int64)
     if (values < 0).any():
         row = int(np.flatnonzero(values < 0)[0])
         raise TraceError(f"trace {path}: column {column}: row {row}: negative token count {values[row]}")
-    return values
+    if (values > MAX_REQUEST_TOKENS).any():   # before the cast: 2**63 would wrap to a negative int64
+        row = int(np.flatnonzero(values > MAX_REQUEST_TOKENS)[0])
+        count = int(values[row]) if values.dtype.kind in "iu" else f"{values[row]:.0f}"
+        raise TraceError(f"trace {path}: column {column}: row {row}: {count} tokens is beyond any "
+                         f"model's context (limit {MAX_REQUEST_TOKENS:,}); a corrupt value?")
+    return values.astype(np.int64)
 
 
 def _seconds(path: Path, table: pa.Table, column: str, per_second: int = 1) -> np.ndarray:
@@ -102,9 +107,7 @@ def _seconds(path: Path, table: pa.Table, column: str, per_second: int = 1) -> n
         return (ns - ns.min()) / 1e9   # from the earliest: float64 keeps ns over days this way
     if pa.types.is_integer(col.type) or pa.types.is_floating(col.type):
         values = col.to_numpy().astype(np.float64) / per_second
-        if not np.isfinite(values).all():
-            row = int(np.flatnonzero(~np.isfinite(values))[0])
-            raise TraceError(f"trace {path}: column {column}: row {row}: {values[row]} is not a finite time")
+        check_times(f"trace {path}", column, values)
         return values
     raise TraceError(f"trace {path}: column {column}: expected date-times or numbers, found {col.type} "
                      "(a value that does not parse as a date-time?)")
@@ -117,7 +120,24 @@ def _read_csv(path: Path, columns: list[str], types: dict | None = None) -> pa.T
         return pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(include_columns=columns,
                                                                        column_types=types or {}))
     except (OSError, pa.ArrowException) as exc:
+        if isinstance(exc, pa.ArrowInvalid) and types:   # name the value's column and row
+            strings = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(
+                include_columns=columns, column_types={c: pa.string() for c in columns}))
+            _refuse_first_bad_count(path, strings, [c for c, t in types.items() if pa.types.is_integer(t)])
         raise TraceError(f"trace {path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
+
+
+def _refuse_first_bad_count(path: Path, strings: pa.Table, columns: list[str]) -> None:
+    """The first value of ``columns`` (read as text) that is not a whole number, refused by row."""
+    for column in columns:
+        for row, text in enumerate(strings.column(column).to_pylist()):
+            try:
+                int(text)
+            except (TypeError, ValueError):
+                raise TraceError(f"trace {path}: column {column}: row {row}: {text!r} is not a token count") from None
+            if abs(int(text)) > MAX_REQUEST_TOKENS:
+                raise TraceError(f"trace {path}: column {column}: row {row}: {text} tokens is beyond any "
+                                 f"model's context (limit {MAX_REQUEST_TOKENS:,}); a corrupt value?")
 
 
 def _header(path: Path) -> list[str]:
@@ -153,11 +173,35 @@ def read_mooncake(path: Path) -> Columns:
         table = pajson.read_json(path, parse_options=pajson.ParseOptions(
             explicit_schema=schema, unexpected_field_behavior="ignore"))
     except (OSError, pa.ArrowException) as exc:
+        _refuse_first_bad_record(path)
         raise TraceError(f"trace {path}: not readable JSON lines ({str(exc).splitlines()[0]})") from None
     source = _source_of(path).removesuffix("-trace")
     return Columns(source=source, prompt_tokens=_counts(path, table, "input_length"),
                    output_tokens=_counts(path, table, "output_length"),
                    arrival_s=_seconds(path, table, "timestamp", MOONCAKE_UNITS_PER_S), time_column="timestamp")
+
+
+def _refuse_first_bad_record(path: Path) -> None:
+    """Name the first record of a JSON-lines file that pyarrow could not read: its row (0-based
+    among the non-empty lines, as in the request ids) and field."""
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError):
+        return
+    for row, line in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise TraceError(f"trace {path}: row {row}: not a JSON object ({exc})") from None
+        if not isinstance(record, dict):
+            raise TraceError(f"trace {path}: row {row}: not a JSON object")
+        for name in MOONCAKE_FIELDS:
+            value = record.get(name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TraceError(f"trace {path}: field {name}: row {row}: expected a number, found {value!r}")
+            if name != "timestamp" and abs(value) > MAX_REQUEST_TOKENS:
+                raise TraceError(f"trace {path}: field {name}: row {row}: {value} tokens is beyond any "
+                                 f"model's context (limit {MAX_REQUEST_TOKENS:,}); a corrupt value?")
 
 
 def _generic_names(names: list[str]) -> tuple[str | None, str | None, str | None]:

@@ -85,12 +85,31 @@ def _atomic(path: Path, write) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+            # a full disk or `ulimit -f` ("File too large") names no file by itself
+            raise OSError(exc.errno, f"{path}: {exc.strerror or exc}") from None
         raise
+
+
+#: The names :func:`_atomic` gives its temporary files: ``.TARGET.RANDOM.tmp``.
+TEMP_PATTERN = ".*.tmp"
+
+
+def remove_stale_temps(folder: Path) -> list[Path]:
+    """Remove the temporary files a killed writer (``kill -9``, power loss) left in ``folder``; a
+    command calls it when it starts writing the same output again, so none survives the next run.
+    Returns what was removed."""
+    removed = []
+    for tmp in sorted(Path(folder).glob(TEMP_PATTERN)):
+        if tmp.is_file():
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -21,9 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from core.contract import METADATA_KEY, REQUIRED_COLUMNS, SCHEMA_VERSION, TraceError
+from core.contract import MAX_REQUEST_TOKENS, METADATA_KEY, REQUIRED_COLUMNS, SCHEMA_VERSION, TraceError
 from core.importers import detect_format, import_table
 from core.io import shareable_path
+from core.rows import check_vectors
 
 OPTIONAL_SCALAR_COLUMNS: dict[str, str] = {
     "prompt_text": "string",
@@ -36,10 +37,6 @@ FEATURE_COLUMNS = ("feat_last", "feat_mean", "feat_entropy_pooled", "text_embedd
 FINISH_REASONS = frozenset({"stop", "length"})
 STEPS_COLUMNS = ("step_index", "step_s", "prefill_tokens", "decode_requests")
 DECODE_COLUMNS = ("request_id", "generated_tokens", "layer", "vector")
-#: Largest prompt_tokens / output_tokens / max_tokens a request may have: 2**20 tokens, beyond any
-#: served model's context window. A larger count is a corrupt row (an int32 overflow, a sentinel
-#: such as 2**31 - 1); replayed, it would run for hours, one engine step per token.
-MAX_REQUEST_TOKENS = 1 << 20
 
 
 #: Columns that reveal a request's true output length (hidden from non-oracle predictors).
@@ -237,6 +234,8 @@ class Trace:
         table = table.filter(pa.array(keep))
         generated = table.column("generated_tokens").to_numpy().astype(np.int64)
         vectors = vectors_to_numpy(table.column("vector"))
+        check_vectors(f"trace {self.decode_path}", "vector", vectors, self.metadata.get("hidden_size"),
+                      rows=f"layer {layer}, entry")
         order = np.lexsort((generated, rows))
         return rows[order], generated[order], vectors[order]
 
@@ -259,6 +258,8 @@ class Trace:
         _require_columns(self.decode_path, table, DECODE_COLUMNS)
         ids = table.column("request_id").to_pylist()
         self._check_decode_ids(ids)
+        check_vectors(f"trace {self.decode_path}", "vector", vectors_to_numpy(table.column("vector")),
+                      self.metadata.get("hidden_size"))
         mine = set(self.request_id.tolist())
         return table.filter(pa.array([rid in mine for rid in ids]))
 
@@ -418,18 +419,11 @@ def validate_table(table: pa.Table, meta: dict, path: Path) -> None:
         ):
             raise TraceError(f"trace {path}: column {column}: expected fixed_size_list<float16|float32>, "
                              f"found {dtype}")
-        if column != "text_embedding" and hidden is not None and dtype.list_size != hidden:
-            raise TraceError(f"trace {path}: column {column}: vector length {dtype.list_size} differs from "
-                             f"declared hidden_size {hidden}")
         col = table.column(column)
         if col.null_count:
             row = _first_true(_is_null(col))
             raise TraceError(f"trace {path}: column {column}: row {row}: missing vector")
-        matrix = vectors_to_numpy(col)
-        finite = np.isfinite(matrix).all(axis=1)
-        if not finite.all():
-            row = _first_true(~finite)
-            raise TraceError(f"trace {path}: column {column}: row {row}: non-finite value in vector")
+        check_vectors(f"trace {path}", column, vectors_to_numpy(col), None if column == "text_embedding" else hidden)
 
 
 def validate_steps(table: pa.Table, path: Path) -> None:

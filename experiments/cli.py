@@ -13,20 +13,31 @@ import dataclasses
 import itertools
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
 from core.arrivals import parse_load
+from core.checks import bounded_int, output_path, split_list
 from core.cli import OneLineParser, UsageError, run_command
+from core.io import remove_stale_temps
 from core.trace import TraceError, bundled_trace_names, load_trace
-from experiments.sweep import SweepInterrupted, add_relative_changes, run_many, run_slug, write_results
+from experiments.sweep import (
+    Stopped,
+    SweepInterrupted,
+    add_relative_changes,
+    run_many,
+    run_slug,
+    sigterm_raises_stopped,
+    write_results,
+)
 from policies import POLICIES
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.compiled import KERNELS
 from simulator.engine import EngineConfig
 from simulator.profiles import DEFAULT_PROFILE, PROFILES, is_profile_name
-from simulator.runner import MAX_SEED, NO_PREDICTOR, PRESETS, RunConfig, config_from_record, prepare
+from simulator.runner import MAX_SEED, NO_PREDICTOR, PRESETS, RunConfig, code_hash, config_from_record, prepare
 from simulator.workload import ArrivalSpec
 
 PROG = "simulate"
@@ -41,11 +52,9 @@ DEFAULT_PREDICTOR = "leap-rls"
 ALL_PREDICTORS = [NO_PREDICTOR] + [p for p in PREDICTORS if p != "noisy-oracle"]
 
 
-def _split(text: str) -> list[str]:
-    items = [t.strip() for t in str(text).split(",") if t.strip()]
-    if not items:
-        raise UsageError(f"empty list {text!r}")
-    return items
+#: Most runs one command plans (seeds x loads x predictors x policies), and most requests one
+#: replay holds after --tile (about 1.5 KiB each: 100,000 tiled requests peaked at 145 MiB).
+MAX_RUNS, MAX_TILE = 10_000, 2_000_000
 
 
 def _int(name: str, minimum: int):
@@ -91,13 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "recording (caps, token budget, chunked prefill, decodes in the budget); explicit engine "
                    "flags override single settings")
     p.add_argument("--requests", type=_int("requests", 1), help="use the first N requests of the trace")
-    p.add_argument("--tile", type=_int("tile", 1), help="repeat the trace to N requests first (whole copies in "
+    p.add_argument("--tile", type=bounded_int(1, MAX_TILE, "requests one replay holds in memory"),
+                   help="repeat the trace to N requests first (whole copies in "
                    "trace order, arrival gaps repeated, ids suffixed #COPY), for scaling studies")
     p.add_argument("--seed", type=_int("seed", 0), default=0, help="first seed")
     p.add_argument("--kernel", choices=KERNELS, default="reference",
                    help="engine implementation: the reference SimPy step loop, or the compiled step "
                         "(numba; same bytes; configurations it does not cover say so and use the reference)")
-    p.add_argument("--seeds", type=_int("seeds", 1), default=1, help="run seeds seed .. seed+N-1")
+    p.add_argument("--seeds", type=bounded_int(1, MAX_RUNS, "runs one command plans"), default=1,
+                   help="run seeds seed .. seed+N-1")
     p.add_argument("--jobs", type=_int("jobs", 1), default=None,
                    help="worker processes for several runs (default: number of CPUs)")
     p.add_argument("--executor", choices=("local", "ray"), default="local",
@@ -127,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(repeatable; unknown settings are refused, naming the known ones)")
     p.add_argument("--config", type=Path, help="rerun exactly the run a config.json describes (written by --out); "
                    "only output flags (--out, --json, --wide, --quiet, --plots) may be given with it")
-    p.add_argument("--out", type=Path, help="write requests.parquet, summary.json, config.json here")
+    p.add_argument("--out", type=output_path, help="write requests.parquet, summary.json, config.json here")
     p.add_argument("--plots", action="store_true", help="write PNG figures next to the results table (needs --out)")
     p.add_argument("--json", action="store_true", help="print each run's summary as one JSON line")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -174,9 +185,14 @@ def _config_file_run(args) -> list[RunConfig]:
     except ValueError as exc:
         raise UsageError(f"--config {args.config}: not JSON ({exc})") from None
     try:
-        return [config_from_record(record)]
+        config = config_from_record(record)
     except (ValueError, TraceError) as exc:
         raise UsageError(f"--config {args.config}: {exc}") from None
+    written_by = record.get("code_hash")
+    if written_by is not None and written_by != code_hash():   # accepted: rerunning on newer code is a use
+        print(f"{PROG}: note: --config {args.config} was written by other code (code hash {str(written_by)[:12]}, "
+              f"now {code_hash()[:12]}): the rerun's figures may differ", file=sys.stderr)
+    return [config]
 
 
 def _configs(args) -> list[RunConfig]:
@@ -198,14 +214,14 @@ def _configs(args) -> list[RunConfig]:
                       PREDICTORS else "oracle"]   # FCFS beside the length-aware run, for comparison
     else:
         predictors = []
-        for name in _split(args.predictor):
+        for name in split_list("--predictor", args.predictor):
             predictors += ALL_PREDICTORS if name == "all" else [name]
         predictors = list(dict.fromkeys(predictors))
     for name in predictors:
         if name != NO_PREDICTOR and name not in PREDICTORS:
             raise UsageError(f"unknown predictor {name!r} (choose from {', '.join([*PREDICTORS, NO_PREDICTOR])})")
     _check_lengths_only(trace_name, predictors)
-    policies = _split(args.policy) if args.policy is not None else [None]
+    policies = split_list("--policy", args.policy) if args.policy is not None else [None]
     for name in policies:
         if name is None:
             continue
@@ -221,8 +237,14 @@ def _configs(args) -> list[RunConfig]:
                                  "recorded; no capacity is measured); drop --load")
             loads = [None]
         else:
-            loads = [parse_load(x) for x in _split(args.load if args.load is not None else DEFAULT_LOAD)]
+            loads = [parse_load(x) for x in split_list("--load", args.load if args.load is not None else DEFAULT_LOAD)]
         explicit = {field: getattr(args, flag) for flag, field in ENGINE_FLAGS.items() if getattr(args, flag) is not None}
+        if explicit.get("decode_slots", 0) > explicit.get("max_resident", explicit.get("decode_slots", 0)):
+            raise UsageError(f"--decode-slots {args.decode_slots} is above --max-resident {args.max_resident}: "
+                             "a decode slot needs a resident request (as leap-serve refuses)")
+        runs = len(loads) * len(predictors) * len(policies) * args.seeds
+        if runs > MAX_RUNS:
+            raise UsageError(f"{runs:,} runs planned (--seeds x --load x --predictor x --policy); at most {MAX_RUNS:,}")
         if args.preset:   # the preset is read from the trace; the combination is checked in prepare()
             engine_config, overrides = EngineConfig(), tuple(sorted(explicit.items()))
         else:
@@ -430,8 +452,10 @@ def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int
             checked.append(prepared)
     single = checked or None
     if args.out is not None:
-        _check_out(args.out, [args.out] if len(configs) == 1 else [args.out / run_slug(c) for c in configs],
-                   created if created is not None else [])
+        run_dirs = [args.out] if len(configs) == 1 else [args.out / run_slug(c) for c in configs]
+        _check_out(args.out, run_dirs, created if created is not None else [])
+        for folder in {args.out, *run_dirs}:   # left by a killed earlier run of this output
+            remove_stale_temps(folder)
     show_progress = not args.quiet and not args.json and sys.stderr.isatty()
     if show_progress:
         from rich.progress import Progress
@@ -466,10 +490,14 @@ def main(argv: list[str] | None = None) -> int:
 def _run_cleanly(argv: list[str]) -> int:
     created: list[Path] = []
     try:
-        return run(argv, created)
+        with sigterm_raises_stopped():   # also while runs are prepared (capacity measured), before any starts
+            return run(argv, created)
     except SweepInterrupted as exc:   # Ctrl-C or SIGTERM: finished runs are kept, a rerun skips them
         print(f"{PROG}: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Stopped as exc:   # SIGTERM before any run started: nothing was written
+        print(f"{PROG}: interrupted (signal {signal.Signals(exc.signum).name}) before any run started", file=sys.stderr)
+        return 128 + exc.signum
     finally:
         _remove_empty(created)   # after an error, no empty run folders are left behind
 

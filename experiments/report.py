@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from core.arrivals import parse_load
+from core.checks import MAX_NUMPY_SEED, bounded_int, check_writable, output_path
 from core.cli import OneLineParser, run_command
 from core.io import DATA_DIR_ENV, DataDirMissing, atomic_write_bytes, data_dir
 from core.trace import TraceError, bundled_trace_names, load_trace
@@ -427,9 +428,9 @@ def _check_out(out: Path) -> None:
         path = out / name
         if path.exists() and path.is_dir() != folder:
             raise ValueError(f"--out {out}: {path} is in the way (expected a {'folder' if folder else 'file'})")
-    existing = next(p for p in [out, *out.parents] if p.exists())
-    if not os.access(existing, os.W_OK):
-        raise ValueError(f"--out {out}: {existing} is not writable")
+    check_writable("--out", out)
+    for stale in out.glob(".leap-report-*") if out.is_dir() else ():   # stages of a killed earlier report
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _move_into_place(stage: Path, out: Path) -> None:
@@ -455,10 +456,10 @@ def main(argv=None) -> int:
 
 def _report(argv: list[str]) -> int:
     ap = OneLineParser(prog="leap-report", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "docs")
+    ap.add_argument("--out", type=output_path, default=ROOT / "docs")
     ap.add_argument("--requests", type=int, default=None, help="first N requests of each trace (CI: small)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=bounded_int(0, MAX_NUMPY_SEED), default=0)
     ap.add_argument("--loads", default="0.5,1,1.5,2", help="load sweep multiples")
     ap.add_argument("--table3-load", default="1", help="load of the Table 3 and Table 2 analogues")
     args = ap.parse_args(argv)

@@ -221,11 +221,20 @@ def rebuild(trace_path: Path) -> tuple[pa.Table, dict]:
     return table.replace_schema_metadata(meta_out), report
 
 
+def rebuilt_path(trace_path: Path, replace: bool) -> Path:
+    """Where the rebuilt steps table goes: a new file beside the recorded one, unless ``replace``."""
+    steps = side_table_path(trace_path, "steps")
+    return steps if replace else steps.with_name(steps.name.removesuffix(".parquet") + ".rebuilt.parquet")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rebuild-steps", description="Add decode_context, prefill_sq, "
                                 "host_gap_s and rebuilt_exact to recorded steps tables (rerunnable).")
-    p.add_argument("traces", nargs="+", type=Path, help="trace .parquet files (their NAME.steps.parquet is rewritten)")
+    p.add_argument("traces", nargs="+", type=Path, help="trace .parquet files (beside each, NAME.steps.parquet is "
+                   "read and NAME.steps.rebuilt.parquet written)")
     p.add_argument("--check", action="store_true", help="report the match rate only; write nothing")
+    p.add_argument("--replace", action="store_true", help="rewrite NAME.steps.parquet itself (the table that "
+                   "profiles are fitted on) instead of writing NAME.steps.rebuilt.parquet")
     args = p.parse_args(argv)
     for path in args.traces:
         if not path.is_file() or not side_table_path(path, "steps").is_file():
@@ -238,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rebuild-steps: error: {path}: {exc}", file=sys.stderr)
             return 2
         if not args.check:
-            atomic_write_parquet(side_table_path(path, "steps"), table)
+            target = rebuilt_path(path, args.replace)
+            atomic_write_parquet(target, table)
+            report["written"] = target.name
         print(json.dumps(report, sort_keys=True))
     return 0
 

@@ -23,6 +23,8 @@ import numpy as np
 
 from core.cli import OneLineParser, run_command
 from core.trace import Trace, TraceError, load_trace
+from experiments.replay_errors import replay_errors
+from experiments.validate_choices import check_reference, name_references, register_sources
 from experiments.validate_serving import (
     PREDICTOR_COSTS,
     SIDE_TABLE_SUFFIXES,
@@ -87,9 +89,8 @@ def validate_one(trace: Trace, profile_from: Trace, requests: int | None = None)
            "profile_from": profile_from.name, "profile_runs_dropped": profile.describe()["runs_dropped"]}
     row.update(_figures("real", real["e2e"], real["ttft"], out_tok, real_makespan))
     row.update(_figures("sim", sim_e2e, sim_ttft, out_tok, result.makespan_s))
-    row["p95_e2e_err"] = row["sim_p95_e2e_s"] / row["real_p95_e2e_s"] - 1.0
-    row["mean_e2e_err"] = row["sim_mean_e2e_s"] / row["real_mean_e2e_s"] - 1.0
-    row["median_abs_e2e_err"] = float(np.median(np.abs(sim_e2e - real["e2e"]) / real["e2e"]))
+    errors = replay_errors(row, sim_e2e, real["e2e"])
+    row.update({k: errors[k] for k in ("p95_e2e_err", "mean_e2e_err", "median_abs_e2e_err")})
     return row
 
 
@@ -124,6 +125,10 @@ def _validate(argv: list[str]) -> int:
     p.add_argument("--predictor-cost", default="none", choices=PREDICTOR_COSTS,
                    help="serving runs: charge the simulator's modelled predictor cost on top of the fitted "
                         "steps (charged) or not (none, default: the fitted steps hold the live hook's cost)")
+    p.add_argument("--reference", metavar="RUN", help="serving runs: the FCFS run gains are measured against "
+                   "(default: the first FCFS run of the same workload and load in the runs' folder, named on stderr)")
+    p.add_argument("--source", action="append", default=[], metavar="PATH",
+                   help="serving runs: the source trace they were served from, by path (checked by content hash)")
     p.add_argument("--json", action="store_true", help="one JSON object per run")
     args = p.parse_args(argv)
     # a shell glob such as traces/live/alpaca200-*.parquet also matches the side tables
@@ -150,7 +155,14 @@ def _validate(argv: list[str]) -> int:
         rows.append(validate_one(t, src, args.requests))
         if args.json:
             print(json.dumps(rows[-1], sort_keys=True), flush=True)
-    serving_rows = validate_serving_runs(serving, profile, args.predictor_cost) if serving else []
+    reference = load_trace(args.reference) if args.reference else None
+    if (reference is not None or args.source) and not serving:
+        raise ValueError("--reference and --source apply to serving runs; none given")
+    if reference is not None:
+        check_reference(reference, serving)
+    register_sources([load_trace(path) for path in args.source], serving)
+    serving_rows = validate_serving_runs(serving, profile, args.predictor_cost, reference=reference) if serving else []
+    name_references(serving_rows, PROG)
     if args.json:
         for row in serving_rows:
             print(json.dumps(row, sort_keys=True), flush=True)

@@ -12,6 +12,7 @@ import json
 import numpy as np
 
 from core.trace import Trace, TraceError, load_trace
+from experiments.replay_errors import replay_errors
 from simulator.runner import NO_PREDICTOR
 
 
@@ -120,10 +121,11 @@ def is_fcfs_run(trace: Trace) -> bool:
     return s.get("policy") == "fcfs" and s.get("predictor", "none") == "none"
 
 
-def fcfs_partner(trace: Trace, candidates: list[Trace]) -> Trace | None:
-    """The FCFS run of the same workload at the same load, among ``candidates`` (None if absent)."""
+def fcfs_partner(trace: Trace, candidates: list[Trace], chosen: Trace | None = None) -> Trace | None:
+    """The FCFS run of the same workload at the same load, among ``candidates`` (None if absent);
+    ``chosen`` (``leap-validate --reference RUN``) is taken first when it is such a run."""
     key = serving_workload_key(trace)
-    for c in candidates:
+    for c in ([chosen] if chosen is not None else []) + list(candidates):
         if not same_run(c, trace) and is_serving(c) and is_fcfs_run(c) and serving_workload_key(c) == key \
                 and _same_load(c, trace):
             return c
@@ -145,6 +147,10 @@ def default_profile_source(trace: Trace, candidates: list[Trace]) -> Trace:
     return ranked[0]
 
 
+#: Source traces given by path (``leap-validate --source PATH``), by content hash.
+GIVEN_SOURCES: dict[str, Trace] = {}
+
+
 def source_trace(trace: Trace) -> Trace:
     """The recorded trace the serving run took its requests from (serving.source_trace), checked
     by content hash: its features (feat_last, text_embedding) feed the simulator's predictors."""
@@ -152,10 +158,13 @@ def source_trace(trace: Trace) -> Trace:
     name, sha = src.get("name"), src.get("sha256")
     if not name or not sha:
         raise ValueError(f"trace {trace.name!r}: serving.source_trace names no trace and hash")
+    if sha in GIVEN_SOURCES:   # leap-validate --source PATH: found by its content hash
+        return GIVEN_SOURCES[sha]
     try:
         source = load_trace(name)
     except TraceError:
-        raise ValueError(f"trace {trace.name!r}: its source trace {name!r} is not available here") from None
+        raise ValueError(f"trace {trace.name!r}: its source trace {name!r} is not available here "
+                         "(give its file with --source PATH)") from None
     if source.content_hash != sha:
         raise ValueError(f"trace {trace.name!r}: source trace {name!r} here has content hash "
                          f"{source.content_hash[:12]}, the run was served from {sha[:12]}: not the same requests")
@@ -491,11 +500,7 @@ def validate_serving(trace: Trace, profile_from: Trace, predictor_cost: str = "n
     row.update(_figures("sim", sim["e2e"], sim["ttft"], out_tok, sim["makespan_s"]))
     row["real_throughput_tok_s"] = float(out_tok.sum() / real_makespan) if real_makespan > 0 else float("nan")
     row["sim_throughput_tok_s"] = float(out_tok.sum() / sim["makespan_s"]) if sim["makespan_s"] > 0 else float("nan")
-    row["p95_e2e_err"] = row["sim_p95_e2e_s"] / row["real_p95_e2e_s"] - 1.0
-    row["mean_e2e_err"] = row["sim_mean_e2e_s"] / row["real_mean_e2e_s"] - 1.0
-    row["mean_ptl_err"] = row["sim_mean_ptl_s"] / row["real_mean_ptl_s"] - 1.0
-    row["makespan_err"] = row["sim_makespan_s"] / row["real_makespan_s"] - 1.0
-    row["median_abs_e2e_err"] = float(np.median(np.abs(sim["e2e"] - real["e2e"]) / real["e2e"]))
+    row.update(replay_errors(row, sim["e2e"], real["e2e"]))
     row.update(probe_summary(trace))
     ratio = step_time_ratio(trace, profile)
     row["step_time_ratio"] = ratio
@@ -531,7 +536,8 @@ def gain(run_ptl: float, fcfs_ptl: float) -> float:
     return run_ptl / fcfs_ptl - 1.0
 
 
-def add_gains(rows: list[dict], traces: list[Trace], sim_reference: dict[str, float] | None = None) -> None:
+def add_gains(rows: list[dict], traces: list[Trace], sim_reference: dict[str, float] | None = None,
+              chosen: Trace | None = None) -> None:
     """For each non-FCFS row: real and simulated gain of mean PTL over the FCFS run of the same
     workload at the same load (found among ``traces``, whose rows are in ``rows`` by run name), and
     their gap in percentage points. Rows without such an FCFS run get None. ``sim_reference`` (run
@@ -543,7 +549,7 @@ def add_gains(rows: list[dict], traces: list[Trace], sim_reference: dict[str, fl
         row = by_name.get(trace.name)
         if row is None or is_fcfs_run(trace):
             continue
-        partner = fcfs_partner(trace, traces)
+        partner = fcfs_partner(trace, traces, chosen)
         ref = by_name.get(partner.name) if partner is not None else None
         if ref is None:
             row.update(fcfs_run=None, real_gain_vs_fcfs=None, sim_gain_vs_fcfs=None, gain_gap_pp=None)
@@ -574,7 +580,8 @@ def serving_runs_in(folder) -> list[Trace]:
 
 
 def validate_serving_runs(traces: list[Trace], profile_from: Trace | None = None,
-                          predictor_cost: str = "none", candidates: list[Trace] | None = None) -> list[dict]:
+                          predictor_cost: str = "none", candidates: list[Trace] | None = None,
+                          reference: Trace | None = None) -> list[dict]:
     """Validate each serving run (profile from ``profile_from`` or the default other run among
     ``candidates``, default: the given runs and their folder's other runs), then add the gains."""
     pool = list(traces)
@@ -588,7 +595,7 @@ def validate_serving_runs(traces: list[Trace], profile_from: Trace | None = None
     # FCFS partners of non-FCFS runs are replayed too (their simulated PTL is the gain's reference)
     for t in traces:
         if not is_fcfs_run(t):
-            partner = fcfs_partner(t, pool)
+            partner = fcfs_partner(t, pool, reference)
             if partner is not None and not any(same_run(partner, w) for w in wanted):
                 wanted.append(partner)
     sources: dict[str, Trace] = {}
@@ -601,16 +608,16 @@ def validate_serving_runs(traces: list[Trace], profile_from: Trace | None = None
     # the simulated gain: the run and its FCFS run replayed under one profile (the run's own)
     sim_reference = {}
     for t in wanted:
-        partner = None if is_fcfs_run(t) else fcfs_partner(t, wanted)
+        partner = None if is_fcfs_run(t) else fcfs_partner(t, wanted, reference)
         if partner is not None:
             ref = done[partner.name] if same_run(sources[partner.name], sources[t.name]) \
                 else validate_serving(partner, sources[t.name], predictor_cost, reference=True)
             sim_reference[t.name] = ref["sim_mean_ptl_s"]
             done[t.name]["sim_fcfs_mean_ptl_s"] = ref["sim_mean_ptl_s"]
-    add_gains(list(done.values()), wanted, sim_reference)
+    add_gains(list(done.values()), wanted, sim_reference, reference)
     for t in wanted:   # how fast the host ran each run relative to its FCFS reference
         row = done[t.name]
-        partner = None if is_fcfs_run(t) else fcfs_partner(t, wanted)
+        partner = None if is_fcfs_run(t) else fcfs_partner(t, wanted, reference)
         if partner is not None and partner.steps is not None:
             ratio = step_time_ratio(t, serving_profile(partner))
             row["step_time_ratio_vs_fcfs"] = ratio

@@ -44,7 +44,9 @@ import numpy as np
 
 from capture import CaptureError
 from capture.record import host_description
+from core.checks import MAX_NUMPY_SEED, bounded_int
 from core.cli import OneLineParser, run_command
+from live import prechecks
 
 CAPACITY_FILE = "live_capacity.json"
 SERVE_TIMING = ("open loop: each request is submitted at the first engine-step boundary after its "
@@ -103,7 +105,7 @@ def serve_parser() -> argparse.ArgumentParser:
                    help="pin the engine to these CPUs, e.g. 1 (one core) or 0-1")
     p.add_argument("--probe-every", type=int, default=4, metavar="N",
                    help="time the drift probe after every N-th engine step (0 disables)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=bounded_int(0, MAX_NUMPY_SEED), default=0)
     p.add_argument("--out", metavar="FILE.parquet", help="serving trace (e.g. traces/live/NAME.parquet)")
     p.add_argument("--resume", action="store_true", help="continue a crashed run (new segment)")
     p.add_argument("--overwrite", action="store_true")
@@ -358,6 +360,8 @@ def serve_main(argv) -> int:
         parts = out.with_name(out.name + ".parts")
         if (out.exists() or parts.exists()) and not (args.resume or args.overwrite):
             raise CaptureError(f"{out} (or its .parts) exists; use --resume to continue or --overwrite")
+    prechecks.check_resume(args.resume, out)
+    prechecks.check_arrivals_file(args.arrivals)
     live = live_config(args)
     engine_overrides = scheduler_engine_args(live)
 
@@ -391,6 +395,9 @@ def serve_main(argv) -> int:
     table = src.table
     rid_col = table.column("request_id").to_pylist()
     ids = [rid_col[i] for i in rows]
+    prechecks.check_prompt_text(args.source, meta, table.column_names, [
+        table.column("prompt_text")[int(i)].as_py() for i in rows] if "prompt_text" in table.column_names else [])
+    prechecks.check_readout(live, model_dir, args.kv_space_gib, dtype)
     try:
         from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(str(model_dir))

@@ -102,6 +102,31 @@ class PredictorOptions:
             raise ValueError("predictor settings must map a predictor name to {setting: value}")
 
 
+#: The allowed range of each numeric setting, by its name (the same name means the same thing in
+#: every predictor): (lowest, highest, lowest itself allowed). A value outside is refused with
+#: the range, before anything is trained or run.
+SETTING_RANGES: dict[str, tuple[float | None, float | None, bool]] = {
+    "alpha": (0.0, None, False), "lr": (0.0, None, False), "weight_decay": (0.0, None, True),
+    "val_frac": (0.0, 0.9, False), "nu": (1.0, None, False), "ce_weight": (0.0, 1.0, True),
+    "q_low": (0.0, 100.0, True), "q_high": (0.0, 100.0, True), "seed": (0, 2**63 - 1, True),
+    **{name: (1, None, True) for name in ("epochs", "patience", "batch", "hidden", "list_size", "bucket", "bins",
+                                          "queue_batch", "probe_hidden")},
+    **{name: (0, None, True) for name in ("prior_hidden", "bin_max")},
+}
+
+
+def check_setting_range(predictor: str, key: str, value) -> None:
+    """Refuse a numeric setting outside :data:`SETTING_RANGES` (NaN and infinity never get here)."""
+    if key not in SETTING_RANGES or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    low, high, low_allowed = SETTING_RANGES[key]
+    too_low = low is not None and (value < low or (value == low and not low_allowed))
+    if too_low or (high is not None and value > high):
+        bounds = (f"{'>=' if low_allowed else '>'} {low:g}" if low is not None else "") + \
+                 (f"{' and ' if low is not None else ''}<= {high:g}" if high is not None else "")
+        raise ValueError(f"--setting {predictor}.{key}={value!r}: must be {bounds}")
+
+
 def coerce_setting(predictor: str, key: str, default, value):
     """``value`` as the type of ``default`` (strings from the command line or JSON parsed); a
     default of None takes a number or None."""
@@ -165,6 +190,7 @@ class Predictor(ABC):
                 known = ", ".join(cls.settings_defaults) or "none"
                 raise ValueError(f"predictor {cls.name!r} has no setting {key!r} (its settings: {known})")
             out[key] = coerce_setting(cls.name, key, cls.settings_defaults[key], value)
+            check_setting_range(cls.name, key, out[key])
         return out
 
     @classmethod

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 import numpy as np
 import pyarrow as pa
 
+from core.checks import MAX_NUMPY_SEED, bounded_int, split_list
 from core.cli import OneLineParser, run_command
 from core.metrics import bucket_counts, rank_metrics
 from core.trace import Trace, TraceError, bundled_trace_names, load_trace, traces_dir
@@ -45,10 +46,11 @@ METRIC_COLUMNS = (
 )
 
 
-def _split(values: Iterable[str] | None) -> list[str]:
+def _split(flag: str, values: Iterable[str] | None) -> list[str]:
+    """Every comma list given to a repeatable flag; an empty one (``--predictor ,``) is refused."""
     out: list[str] = []
     for value in values or ():
-        out.extend(v.strip() for v in value.split(",") if v.strip())
+        out.extend(split_list(flag, value))
     return out
 
 
@@ -228,8 +230,9 @@ def build_parser() -> OneLineParser:
                         f"registered: {', '.join(PREDICTORS)})")
     p.add_argument("--ablation", choices=ABLATIONS,
                    help="target: length/sqrt/log targets (Table 6); layer: per feature column (Table 7)")
-    p.add_argument("--update-every", type=int, default=8, help="online update batch (leap-rls; default 8)")
-    p.add_argument("--seed", type=int, default=0, help="seed passed to predictors at bind (default 0)")
+    p.add_argument("--update-every", type=bounded_int(1), default=8, help="online update batch (leap-rls; default 8)")
+    p.add_argument("--seed", type=bounded_int(0, MAX_NUMPY_SEED, "what numpy and the results tables take"),
+                   default=0, help="seed passed to predictors at bind (default 0)")
     p.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
     return p
 
@@ -243,12 +246,12 @@ def _emit(rows: list[dict], as_json: bool, keys: list[tuple[str, str]], title: s
 
 
 def run(args: argparse.Namespace) -> int:
-    names = _split(args.predictor) or list(DEFAULT_PREDICTORS)
+    names = _split("--predictor", args.predictor) or list(DEFAULT_PREDICTORS)
     unknown = [n for n in names if n not in PREDICTORS]
     if unknown:
         raise ValueError(f"unknown predictor {unknown[0]!r} (choose from {', '.join(PREDICTORS)})")
     if args.trace:
-        traces = [load_trace(spec) for spec in _split(args.trace)]
+        traces = [load_trace(spec) for spec in _split("--trace", args.trace)]
     else:                       # every bundled trace that has the columns the predictors need
         needed = {"feat_last"} if args.ablation else {c for n in names for c in PREDICTORS[n].requires}
         traces = []

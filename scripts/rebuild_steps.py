@@ -1,6 +1,7 @@
 """Rebuild decode_context, prefill_sq, host_gap_s and rebuilt_exact in recorded steps tables.
 
-    python scripts/rebuild_steps.py traces/lmsys.parquet traces/alpaca.parquet ...   (rerunnable)
+    python scripts/rebuild_steps.py traces/lmsys.parquet ...            (writes NAME.steps.rebuilt.parquet)
+    python scripts/rebuild_steps.py --replace traces/lmsys.parquet ...  (rewrites NAME.steps.parquet)
 
 The logic and its documentation live in ``experiments/steps_rebuild.py``.
 """

@@ -408,6 +408,11 @@ class CompiledRun:
                 yield env.timeout(max(self.now - env.now, 0.0))
                 self.fire_due()
                 continue
+            if self.ist[S_STATUS] and self.ist[S_STALL_READY] < 0:   # kernel: a carried chunk computed nothing
+                row, before = -1 - int(self.ist[S_STALL_READY]), int(self.ist[S_STALL_WAITING])
+                raise SimulationStalled(
+                    f"step {self.steps} at t={self.now:.6g} s made no progress: the part-prefilled prompt of row "
+                    f"{row} stayed at {before} of {int(self.table.prompt[row])} tokens, nothing admitted or decoded")
             if self.ist[S_STATUS]:
                 raise SimulationStalled(
                     f"step {self.steps} at t={self.now:.6g} s admitted and decoded nothing with "

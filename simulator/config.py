@@ -6,6 +6,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+#: Upper bounds of the engine limits, checked before anything is sized by them: the capacity
+#: measurement replays 8 x max_resident requests, and the kernels size per-step arrays by the
+#: caps; a token budget above 2**31 - 1 tokens per step is a typo, not an engine.
+MAX_ENGINE_SEQS = 65536
+MAX_TOKEN_BUDGET = 2**31 - 1
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -25,6 +31,13 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        for name, limit in (("max_resident", MAX_ENGINE_SEQS), ("decode_slots", MAX_ENGINE_SEQS),
+                            ("prefill_token_budget", MAX_TOKEN_BUDGET), ("kv_token_budget", MAX_TOKEN_BUDGET)):
+            value = getattr(self, name)
+            if isinstance(value, (int, np.integer)) and value > limit:
+                flag = {"prefill_token_budget": "prefill-budget", "kv_token_budget": "kv-budget"}.get(
+                    name, name.replace("_", "-"))
+                raise ValueError(f"{flag} {value} is above the largest engine this simulator sizes ({limit})")
         if not isinstance(self.wait_cap, (int, np.integer)) or self.wait_cap < 0:
             raise ValueError(f"wait-cap must be an integer >= 0, got {self.wait_cap!r}")
         for name in ("chunked_prefill", "decodes_in_budget"):

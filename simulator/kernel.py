@@ -463,6 +463,11 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
                     n_first += 1
             if n_admit and chunk < prompt[admit[n_admit - 1]]:
                 partial = admit[n_admit - 1]
+            if n_admit == 0 and n_chosen == 0 and carried >= 0 and prefilled[carried] <= before:
+                status = STALLED   # Scheduler.compose: a carried chunk that computed nothing
+                ist[S_STALL_READY] = -1 - carried
+                ist[S_STALL_WAITING] = before
+                break
         context = 0
         for j in range(n_chosen):
             context += prompt[chosen[j]]

@@ -73,17 +73,22 @@ def recorded_window(trace: Trace) -> int:
     window = closed_loop_window(trace)
     if window is None:
         raise ValueError(f"--arrivals closed: trace {trace.name!r} is not a closed-loop batch recording "
-                         "(it has arrival_s or serving metadata); use --arrivals recorded, or closed:N")
+                         "(it is a serving run, or its arrival_s come from elsewhere); use --arrivals recorded, "
+                         "or closed:N")
     return window
 
 
 def closed_loop_window(trace: Trace) -> int | None:
-    """The in-flight window of a closed-loop batch recording, or None for a serving recording."""
+    """The in-flight window of a closed-loop batch recording, or None for a serving recording (or a
+    trace of timed arrivals from elsewhere). A batch recording of capture-traces also stores each
+    request's submission offset as ``arrival_s``; it is still a closed loop (no serving metadata)."""
     meta = trace.metadata or {}
-    if meta.get("serving") or trace.arrival_s is not None:
+    if meta.get("serving"):
         return None
     details = meta.get("backend_details") or {}
     if meta.get("backend") != "vllm" or not isinstance(details, dict) or not isinstance(details.get("engine_args"), dict):
+        if trace.arrival_s is not None:
+            return None
         raise ValueError(f"--arrivals closed: trace {trace.name!r} has no recorded vLLM window "
                          "(not a capture-traces vLLM recording); give it as closed:N")
     if details.get("window"):

@@ -124,6 +124,10 @@ def config_from_record(record: dict) -> RunConfig:
     whose content changed since (its hash is recorded)."""
     if not isinstance(record, dict) or "trace" not in record or "predictor" not in record:
         raise ValueError("not a run's config.json (no trace and predictor)")
+    unknown_keys = sorted(set(record) - {f.name for f in fields(RunConfig)} - set(RESOLVED_KEYS))
+    if unknown_keys:   # a typo or another version's field would otherwise be dropped unseen
+        raise ValueError(f"unknown key(s) {', '.join(map(repr, unknown_keys))} (this version writes "
+                         "and reads no such field)")
     try:
         options = dict(record.get("predictor_options") or {})
         known = {f.name for f in fields(PredictorOptions)}
@@ -134,7 +138,7 @@ def config_from_record(record: dict) -> RunConfig:
         config = RunConfig(
             trace=record["trace"], predictor=record["predictor"], policy=record["policy"], engine=record["engine"],
             load=record["load"], arrivals=ArrivalSpec.parse(record["arrivals"]), requests=record.get("requests"),
-            seed=int(record["seed"]), engine_config=EngineConfig(**engine), predictor_options=PredictorOptions(**options),
+            seed=int(record["seed"]), tile=record.get("tile"), engine_config=EngineConfig(**engine), predictor_options=PredictorOptions(**options),
             charge_cost=bool(record.get("charge_cost", True)), preset=record.get("preset"),
             engine_overrides=tuple(sorted((record.get("engine_overrides") or {}).items())))
     except KeyError as exc:
@@ -159,6 +163,12 @@ def check_kv_budget(workload: Trace, config: EngineConfig) -> None:
     if need[row] > config.kv_token_budget:
         raise ValueError(f"kv-budget {config.kv_token_budget} cannot hold request {workload.request_id[row]} of trace "
                          f"{workload.name!r} ({need[row] - 1} prompt tokens + its first token)")
+
+
+#: What :func:`prepare` writes into a run's config.json beside the :class:`RunConfig` fields.
+RESOLVED_KEYS = ("trace_name", "trace_hash", "trace_path", "requests_used", "policy_settings", "engine_settings",
+                 "capacity_req_s", "arrival_rate_req_s", "arrivals_hash", "code_hash", "predictor_settings",
+                 "predictor_cost", "engine_config_used", "closed_loop_window")
 
 
 @dataclass

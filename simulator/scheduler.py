@@ -79,7 +79,13 @@ class Scheduler:
         # requests left waiting after this step's admissions
         if len(ready) > cfg.decode_slots or (self.ordered_admission and arrived > self.n_admitted):
             self.contended += 1
+        before = int(t.prefilled[carried]) if carried >= 0 else 0
         first, prefill_tokens, prefill_sq = self._prefill(admit, budget, carried, carried_chunk)
+        if not len(admit) and not len(chosen) and carried >= 0 and t.prefilled[carried] <= before:
+            # a carried chunk that computed nothing: the same step would repeat forever
+            raise SimulationStalled(
+                f"step {step} at t={now:.6g} s made no progress: the part-prefilled prompt of row {carried} "
+                f"stayed at {before} of {int(t.prompt[carried])} tokens, nothing admitted or decoded")
         context = int(t.prompt[chosen].sum() + t.generated[chosen].sum())
         return Batch(chosen, n_forced, len(ready), waiting - len(admit), carried, admit, first, prefill_tokens, prefill_sq, context)
 

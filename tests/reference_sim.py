@@ -22,6 +22,10 @@ Semantics implemented (docs/semantics.md):
   predicted length; aging: predicted length * 0.9 ** (wait / 30), wait = max(0, floor(t/5)*5 -
   arrival)), ties by row, at most (max_resident - resident) of them; take the longest prefix whose
   prompt tokens fit in prefill_token_budget; if none fits, the first candidate alone.
+- KV budget (``kv_token_budget``, off by default): a request holds its prompt tokens computed so
+  far plus its generated tokens until it finishes; admission keeps the longest prefix of the
+  admitted candidates whose whole prompts fit in the budget minus what is held; with nothing
+  resident (after decodes finish, before admission) the first candidate is admitted anyway.
 - Decode: the requests resident before the step. All of them if they fit in decode_slots, else
   starving ones first (step - last_served > wait_cap, wait_cap > 0; if too many, smallest
   last_served, ties by row), then the policy order (fcfs: row; countdown: max(pred - generated,
@@ -104,7 +108,7 @@ def _remaining(predicted, generated):
 def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicted=None,
              step_time=unit_step_time, max_resident=512, decode_slots=64,
              prefill_token_budget=8192, wait_cap=128, request_ids=None, chunked_prefill=False,
-             decodes_in_budget=False, closed_loop=None):
+             decodes_in_budget=False, closed_loop=None, kv_token_budget=None):
     """Run the reference. Per-request inputs are in the caller's order; so are the outputs.
 
     Returns a dict: ``admit_s``, ``first_token_s``, ``finish_s``, ``forced_steps`` (lists in the
@@ -192,6 +196,17 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
             if not admitted:
                 admitted = [candidates[0]]
                 chunk_of[candidates[0]] = prompt[candidates[0]]
+            if kv_token_budget is not None:
+                held = sum(computed[i] + generated[i] for i in resident + partial)
+                fits, total = 0, 0
+                for i in admitted:
+                    if total + prompt[i] > kv_token_budget - held:
+                        break
+                    total += prompt[i]
+                    fits += 1
+                for i in admitted[fits if fits or resident else 1:]:
+                    del chunk_of[i]
+                admitted = admitted[:fits if fits or resident else 1]
 
         # ---- decode choice among the requests resident before this step
         ready = resident

@@ -531,3 +531,27 @@ def test_train_script_rejects_bad_settings_before_training(synth_path, setting, 
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_tie_cvar_is_the_mean_over_the_top_tail_quantiles():
+    """CVaR_0.9 over 20 quadrature points is the mean of the top two (index 18 on), exactly."""
+    from predictors.tie import t_quantiles, tie_terms
+    q = t_quantiles(3.5, 20)
+    e, c = tie_terms(0.0, 0.5, n=20, clip_mean=1e9, clip_cvar=1e9)
+    assert c[0] == pytest.approx(np.exp(0.5 * q[18:]).mean(), rel=1e-12)
+    assert e[0] == pytest.approx(np.exp(0.5 * q).mean(), rel=1e-12)
+
+
+def test_trail_estimate_stays_within_the_cap(synth_test):
+    """total = generated + remaining, remaining clamped to [1, cap - generated]: never past the cap
+    while tokens are left, one more token at the cap itself."""
+    trail = untrained_trail(synth_test)
+    trail.bind(synth_test, np.random.default_rng(0))
+    cap = trail.cap
+    rows = np.array([0, 1, 2, 3])
+    top, bottom = np.eye(trail.k)[-1], np.eye(trail.k)[0]
+    trail.post[rows] = [top, top, bottom, top]
+    trail.g_post[rows] = [0, cap - 5, cap - 1, cap]
+    generated = trail.g_post[rows].copy()
+    estimate = trail._estimate(rows, generated)
+    assert estimate.tolist() == [trail.mid[-1], cap, cap, cap + 1]

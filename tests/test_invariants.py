@@ -116,12 +116,14 @@ class Case:
     chunked_prefill: bool = False     # vLLM V1 options (off in the paper's setup)
     decodes_in_budget: bool = False
     closed_loop: int | None = None    # N in flight, the next submitted when one finishes
+    kv_budget: int | None = None      # KV-token admission limit (off in the paper's setup)
 
     @property
     def config(self) -> EngineConfig:
         return EngineConfig(max_resident=self.max_resident, decode_slots=self.decode_slots,
                             prefill_token_budget=self.budget, wait_cap=self.wait_cap,
-                            chunked_prefill=self.chunked_prefill, decodes_in_budget=self.decodes_in_budget)
+                            chunked_prefill=self.chunked_prefill, decodes_in_budget=self.decodes_in_budget,
+                            kv_token_budget=self.kv_budget)
 
 
 GAPS = st.one_of(
@@ -231,7 +233,8 @@ def run_reference(case: Case, predicted):
                                   step_time=STEP_TIMES[case.step_time], max_resident=case.max_resident,
                                   decode_slots=case.decode_slots, prefill_token_budget=case.budget,
                                   wait_cap=case.wait_cap, chunked_prefill=case.chunked_prefill,
-                                  decodes_in_budget=case.decodes_in_budget, closed_loop=case.closed_loop)
+                                  decodes_in_budget=case.decodes_in_budget, closed_loop=case.closed_loop,
+                                  kv_token_budget=case.kv_budget)
 
 
 def close(a, b) -> bool:
@@ -524,6 +527,28 @@ def test_engine_agrees_with_reference_vllm_scheduling(case):
     ref = run_reference(case, engine_predictions(case, result))
     assert_agrees(result, ref)
     for check in (check_conservation, check_limits, check_causality, check_monotone_clock):
+        check(result, case.config)
+
+
+@st.composite
+def kv_cases(draw):
+    """``cases`` or ``vllm_cases`` with a KV budget between the least the engine accepts (every
+    prompt + its first token, one token per resident request) and a little more than that."""
+    case = draw(st.one_of(cases(), vllm_cases()))
+    least = max(max(case.prompt) + 1, case.max_resident)
+    case.kv_budget = least + draw(st.integers(min_value=0, max_value=60))
+    return case
+
+
+@AGREEMENT_SETTINGS
+@given(kv_cases())
+def test_engine_agrees_with_reference_under_a_kv_budget(case):
+    """Exact agreement when admission is also limited by the KV budget (prompt tokens computed plus
+    tokens generated, held until the request finishes)."""
+    result = run_engine(case)
+    ref = run_reference(case, engine_predictions(case, result))
+    assert_agrees(result, ref)
+    for check in (check_conservation, check_causality, check_monotone_clock):
         check(result, case.config)
 
 

@@ -21,6 +21,8 @@ What is fitted on, and why:
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pyarrow as pa
 
@@ -64,6 +66,9 @@ class FittedProfile(EngineProfile):
     def fit(cls, steps: pa.Table, source: str = "", note: str = "") -> FittedProfile:
         y = _column(steps, "step_s")
         present = [f for f in FEATURES if f in steps.column_names]
+        missing = [c for c in (*FEATURES, "host_gap_s") if c not in steps.column_names]
+        if missing:
+            warn_reduced_model(source, missing)
         if len(y) < len(present) + 2:
             raise ValueError(f"steps table of {source or 'trace'} has {len(y)} rows: too few to fit a step-time profile")
         n = len(y)
@@ -126,3 +131,18 @@ class FittedProfile(EngineProfile):
         if self.note:
             out["note"] = self.note
         return out
+
+
+_WARNED: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def warn_reduced_model(source: str, missing: list[str]) -> None:
+    """One stderr line (once per source) when a steps table lacks columns of the full model: the fit
+    then leaves those terms out, which the user must hear about, not find in a worse replay."""
+    key = (source, tuple(missing))
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    print(f"warning: steps table {source or 'trace'}.steps.parquet has no {', '.join(missing)}: the step-time "
+          "profile fits a reduced model without them (add them with scripts/rebuild_steps.py --replace)",
+          file=sys.stderr, flush=True)
