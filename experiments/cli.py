@@ -31,6 +31,7 @@ from experiments.sweep import (
     sigterm_raises_stopped,
     write_results,
 )
+from experiments.table import load_text, print_table
 from policies import POLICIES
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
@@ -142,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plots", action="store_true", help="write PNG figures next to the results table (needs --out)")
     p.add_argument("--json", action="store_true", help="print each run's summary as one JSON line")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--wide", action="store_true", help="table with every figure (default: compact, 100 columns)")
+    p.add_argument("--wide", action="store_true", help="table with every figure, however wide (default: compact, "
+                   "fitted to the terminal by dropping columns, never cutting a value)")
     return p
 
 
@@ -287,99 +289,6 @@ def _check_lengths_only(trace_name: str, predictors: list[str]) -> None:
                              f"capture-traces; trace {trace.name} is lengths-only: use oracle, noisy-oracle or none")
 
 
-def _seconds(value) -> str:
-    """Three significant figures, never scientific notation: 0.0295, 7.53, 60.2, 109, 1534."""
-    if value is None:
-        return "-"
-    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
-
-
-def _change(value, base) -> float | None:
-    return (value - base) / base if value is not None and base else None
-
-
-#: Compact table (fits 100 columns): (header, summary key or derived column).
-COMPACT_COLUMNS = [("predictor", "predictor"), ("policy", "policy"), ("load", "load"),
-                   ("mean PTL", "mean_ptl_s"), ("vs FCFS", "vs_fcfs_mean_ptl_s"),
-                   ("mean e2e", "mean_e2e_s"), ("p95 e2e", "p95_e2e_s"), ("p95 vs FCFS", "vs_fcfs_p95_e2e_s"),
-                   ("mean TTFT", "mean_ttft_s")]
-WIDE_COLUMNS = [("predictor", "predictor"), ("policy", "policy"), ("load", "load"),
-                ("mean PTL", "mean_ptl_s"), ("vs FCFS", "vs_fcfs_mean_ptl_s"),
-                ("PTL vs LEAP", "vs_leap_mean_ptl_s"), ("mean e2e", "mean_e2e_s"), ("p50 e2e", "p50_e2e_s"),
-                ("p95 e2e", "p95_e2e_s"), ("p95 vs FCFS", "vs_fcfs_p95_e2e_s"), ("p99 e2e", "p99_e2e_s"),
-                ("mean TTFT", "mean_ttft_s"), ("long p95", "long_decile_p95_e2e_s"), ("tok/s", "throughput_tok_s"),
-                ("Spearman", "spearman"), ("Kendall", "kendall_tau"), ("saturated", "saturated_share"),
-                ("sim CPU s", "sim_cpu_s")]
-#: One line (under 100 characters) defining the terms of the compact table.
-LEGEND = "s | e2e: arrival to last token | PTL: per-token latency, e2e / output tokens | TTFT: to first token"
-WIDE_LEGEND = (" | vs: change against FCFS (LEAP) at the same load and seed, - is faster | long p95: p95 e2e of "
-               "the longest-output decile | saturated: share of steps with more ready requests than decode "
-               "slots | sim CPU s: CPU seconds of the simulation loop")
-
-
-def _print_table(summaries: list[dict], wide: bool = False) -> None:
-    """A compact table that fits 100 columns (``--wide``: every figure), a one-line legend, and the
-    trade-off of each length-aware run against FCFS in words."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    def key(s):
-        return (s["trace"], s["engine"], s["arrivals"], s["load"], s["seed"])
-
-    fcfs = {key(s): s for s in summaries if s["predictor"] == NO_PREDICTOR and s["policy"] == "fcfs"}
-    rows = []
-    for s in summaries:
-        base = fcfs.get(key(s))
-        rows.append({**s, "vs_fcfs_p95_e2e_s": _change(s.get("p95_e2e_s"), base and base.get("p95_e2e_s")),
-                     "vs_fcfs_mean_ptl_s": s.get("vs_fcfs_mean_ptl_s") if len(summaries) > 1 else None})
-    columns = list(WIDE_COLUMNS if wide else COMPACT_COLUMNS)
-    if not fcfs or len(summaries) == 1:
-        columns = [c for c in columns if not c[1].startswith("vs_fcfs")]
-    if not any(s["predictor"] == "leap" for s in summaries):
-        columns = [c for c in columns if c[1] != "vs_leap_mean_ptl_s"]   # always "-" without a leap run
-    if len({s["seed"] for s in summaries}) > 1:
-        columns.insert(3, ("seed", "seed"))
-
-    def cell(s, name):
-        value = s.get(name)
-        if name == "load":
-            return "-" if value is None else f"{value:g}x"
-        if name.startswith("vs_"):
-            return "-" if value is None else f"{round(value * 100):+d}%".replace("+0%", "0%")
-        if name in ("spearman", "kendall_tau", "saturated_share"):
-            return f"{value:.3f}" if value is not None else "-"
-        if name == "throughput_tok_s":
-            return f"{value:.0f}" if value is not None else "-"
-        if isinstance(value, float):
-            return _seconds(value)
-        return "-" if value is None else str(value)
-
-    first = summaries[0]
-    capacity = (f"capacity {first['capacity_req_s']:.3f} req/s" if first.get("capacity_req_s") is not None
-                else f"arrivals {first['arrivals']}")
-    table = Table(title=f"trace {first['trace']} | engine {first['engine']} | {capacity} | {first['arrived']} requests",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    for header, name in columns:
-        table.add_column(header, justify="left" if name in ("predictor", "policy") else "right",
-                         no_wrap=name in ("predictor", "policy"))
-    for s in rows:
-        table.add_row(*[cell(s, name) for _, name in columns])
-    console = Console() if sys.stdout.isatty() else Console(width=240 if wide else 100)
-    console.print(table)
-    console.print(LEGEND + (WIDE_LEGEND if wide else ""), highlight=False, soft_wrap=True)
-    others = [s for s in rows if s["predictor"] != NO_PREDICTOR and key(s) in fcfs]
-    if 0 < len(others) <= 3:
-        for s in others:
-            base = fcfs[key(s)]
-            ptl, p95 = s.get("vs_fcfs_mean_ptl_s"), s.get("vs_fcfs_p95_e2e_s")
-            if ptl is None or p95 is None:
-                continue
-            console.print(f"{s['predictor']} + {s['policy']} at {_load_text(s['load'])} vs FCFS: mean PTL "
-                          f"{'cut' if ptl < 0 else 'up'} {abs(ptl):.0%}; p95 e2e {_seconds(base['p95_e2e_s'])} s -> "
-                          f"{_seconds(s['p95_e2e_s'])} s ({p95:+.0%})", highlight=False, soft_wrap=True)
-
-
 def _note_import(trace) -> None:
     """One line on stderr when importing a public trace dropped rows (0 prompt or 0 output tokens)."""
     info = trace.metadata.get("import") or {}
@@ -388,16 +297,12 @@ def _note_import(trace) -> None:
               "with 0 prompt or 0 output tokens", file=sys.stderr)
 
 
-def _load_text(load: float | None) -> str:
-    return "as recorded" if load is None else f"{load:g}x"
-
-
 def _warn_unsaturated(summaries: list[dict], decode_slots: int) -> None:
     """One line on stderr when some run never gave its policy a choice (too few requests or too
     low a load to fill the decode slots): its predictors tie with FCFS, which says nothing."""
     idle = [s for s in summaries if s.get("saturated_share") == 0 and s["policy"] != "fcfs"]
     if idle:
-        loads = ", ".join(_load_text(x) for x in sorted({s["load"] for s in idle}, key=lambda x: (x is None, x or 0)))
+        loads = ", ".join(load_text(x) for x in sorted({s["load"] for s in idle}, key=lambda x: (x is None, x or 0)))
         print(f"{PROG}: warning: {len(idle)} of {len(summaries)} run(s) (load {loads}) never had more ready "
               f"requests than the {decode_slots} decode slots, so the policy never chose and every predictor "
               f"ties with FCFS; use more requests or a higher --load", file=sys.stderr)
@@ -478,7 +383,7 @@ def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int
         for summary in summaries:
             print(json.dumps(summary, sort_keys=True), flush=True)
     else:
-        _print_table(summaries, wide=args.wide)
+        print_table(summaries, wide=args.wide)
     return 0
 
 

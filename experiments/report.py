@@ -455,13 +455,13 @@ def main(argv=None) -> int:
 
 
 def _report(argv: list[str]) -> int:
-    ap = OneLineParser(prog="leap-report", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=output_path, default=ROOT / "docs")
+    ap = OneLineParser(prog="leap-report", description=__doc__.splitlines()[0].replace("``", ""))
+    ap.add_argument("--out", type=output_path, default=ROOT / "docs", help="folder for report.md and report/ (default docs/)")
     ap.add_argument("--requests", type=int, default=None, help="first N requests of each trace (CI: small)")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--seed", type=bounded_int(0, MAX_NUMPY_SEED), default=0)
-    ap.add_argument("--loads", default="0.5,1,1.5,2", help="load sweep multiples")
-    ap.add_argument("--table3-load", default="1", help="load of the Table 3 and Table 2 analogues")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: CPU count)")
+    ap.add_argument("--seed", type=bounded_int(0, MAX_NUMPY_SEED), default=0, help="seed of every run (default 0)")
+    ap.add_argument("--loads", default="0.5,1,1.5,2", help="load sweep multiples (default 0.5,1,1.5,2)")
+    ap.add_argument("--table3-load", default="1", help="load of the Table 3 and Table 2 analogues (default 1)")
     args = ap.parse_args(argv)
     started = time.monotonic()
     made_out, stage, work, progress = False, None, None, None

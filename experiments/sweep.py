@@ -45,6 +45,10 @@ EXECUTORS = ("local", "ray")
 SUMMARY_FILE = "summary.json"   # written last: its presence marks a complete run folder
 CONFIG_FILE = "config.json"
 _PR_SET_PDEATHSIG = 1           # <linux/prctl.h>
+#: How often a waiting sweep wakes to let a signal through. A signal may be delivered to any of
+#: the process's threads (the pool's own included); the main thread, blocked on a lock until a run
+#: finishes, would then see Ctrl-C only once the next run ends (never, with stuck workers).
+SIGNAL_POLL_S = 0.2
 
 
 class SweepInterrupted(Exception):
@@ -196,7 +200,7 @@ def _ray_run(configs, outs, todo, results, on_done, stats):
         stats["traces_shipped"] = len(shipped)
         stats["trace_fetches"] = 0
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            done, pending = ray.wait(pending, num_returns=1, timeout=SIGNAL_POLL_S)
             for ref in done:
                 results[index[ref]], fetched = ray.get(ref)
                 stats["trace_fetches"] += fetched
@@ -228,7 +232,7 @@ def _local_run(configs, outs, todo, results, jobs, on_done):
         futures = {pool.submit(run_one, configs[i], outs[i]): i for i in todo}
         pending = set(futures)
         while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            done, pending = wait(pending, timeout=SIGNAL_POLL_S, return_when=FIRST_COMPLETED)
             for future in done:
                 results[futures[future]] = future.result()
                 on_done(futures[future])

@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from core.checks import MAX_NUMPY_SEED, bounded_int, split_list
 from core.cli import OneLineParser, run_command
+from core.console import fitted_table, output_width
 from core.metrics import bucket_counts, rank_metrics
 from core.trace import Trace, TraceError, bundled_trace_names, load_trace, traces_dir
 from predictors import PREDICTORS, make_predictor
@@ -204,17 +205,37 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def _print_table(rows: list[dict], keys: list[tuple[str, str]], title: str) -> None:
+#: Columns a narrow terminal loses first to last (``--wide`` keeps them all): the bucket MAEs and
+#: the second and third rank metrics go before a row's identity, n, Spearman and MAE.
+DROP_ORDER = ["online_updates", "mae_257_1024", "mae_le256", "mae_gt1024", "lambda", "feature_bytes", "d",
+              "pairwise_accuracy", "kendall_tau"]
+#: Width when stdout is neither a terminal nor told by $COLUMNS (a file, a pipe).
+PIPED_WIDTH = 100
+
+
+def _print_table(rows: list[dict], keys: list[tuple[str, str]], title: str, wide: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title)
-    for key, label in keys:
-        table.add_column(label, justify="right" if key not in ("predictor", "trace", "domain", "target",
-                                                               "columns") else "left")
-    for row in rows:
-        table.add_row(*(_fmt(row.get(key)) for key, _ in keys))
-    Console(width=200).print(table)
+    labels = dict(keys)
+
+    def build(kept: list[str]) -> Table:
+        table = Table()
+        for key in kept:
+            table.add_column(labels[key], justify="right" if key not in ("predictor", "trace", "domain", "target",
+                                                                         "columns") else "left")
+        for row in rows:
+            table.add_row(*(_fmt(row.get(key)) for key in kept))
+        return table
+
+    width = output_width(PIPED_WIDTH)
+    table, console_width, dropped = fitted_table(build, [k for k, _ in keys], DROP_ORDER, width, wide)
+    console = Console(width=console_width, highlight=False)
+    console.print(title, style="italic", soft_wrap=True)
+    console.print(table)
+    if dropped:
+        console.print(f"not shown at {width} columns: {', '.join(labels[k] for k in dropped)} (--wide shows "
+                      "every column, --json every figure)", width=width)
 
 
 def build_parser() -> OneLineParser:
@@ -234,15 +255,17 @@ def build_parser() -> OneLineParser:
     p.add_argument("--seed", type=bounded_int(0, MAX_NUMPY_SEED, "what numpy and the results tables take"),
                    default=0, help="seed passed to predictors at bind (default 0)")
     p.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
+    p.add_argument("--wide", action="store_true", help="every column, however wide (default: the table fits the "
+                   "terminal, dropping the bucket MAEs and secondary rank metrics first, never cutting a value)")
     return p
 
 
-def _emit(rows: list[dict], as_json: bool, keys: list[tuple[str, str]], title: str) -> None:
+def _emit(rows: list[dict], as_json: bool, keys: list[tuple[str, str]], title: str, wide: bool = False) -> None:
     if as_json:
         for row in rows:
             print(json.dumps({k: _clean(v) for k, v in row.items()}, allow_nan=False, sort_keys=False))
     else:
-        _print_table(rows, keys, title)
+        _print_table(rows, keys, title, wide)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -276,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
                     ("mae_le256", "MAE <=256"), ("mae_257_1024", "MAE 257-1024"),
                     ("mae_gt1024", "MAE >1024"), ("mae", "MAE"), ("spearman", "Spearman"),
                     ("lambda", "lambda")]
-            _emit(rows, args.json, keys, f"target ablation (trained on {train.name})")
+            _emit(rows, args.json, keys, f"target ablation (trained on {train.name})", args.wide)
             return 0
         rows = ablation_layer(train, traces)
         if rows is None:
@@ -293,7 +316,7 @@ def run(args: argparse.Namespace) -> int:
                 ("trace", "trace"), ("domain", "domain"), ("n", "n"), ("spearman", "Spearman"),
                 ("mae", "MAE"), ("mae_le256", "MAE <=256"), ("mae_257_1024", "MAE 257-1024"),
                 ("mae_gt1024", "MAE >1024")]
-        _emit(rows, args.json, keys, f"layer ablation (trained on {train.name})")
+        _emit(rows, args.json, keys, f"layer ablation (trained on {train.name})", args.wide)
         return 0
 
     train_hash = None
@@ -305,7 +328,7 @@ def run(args: argparse.Namespace) -> int:
     rows = evaluate(names, traces, options, train_hash)
     keys = [("predictor", "predictor"), ("trace", "trace"), ("domain", "domain"), *METRIC_COLUMNS,
             ("online_updates", "updates"), ("in_sample", "in-sample")]
-    _emit(rows, args.json, keys, f"prediction quality (training trace {args.train_trace})")
+    _emit(rows, args.json, keys, f"prediction quality (training trace {args.train_trace})", args.wide)
     return 0
 
 

@@ -91,6 +91,23 @@ def test_table_and_other_predictors(capsys, traces):
     assert row["spearman"] == pytest.approx(1.0) and row["mae"] == 0.0
 
 
+@pytest.mark.parametrize("columns", [80, 100])
+def test_table_fits_the_terminal_and_wide_keeps_every_column(capsys, traces, monkeypatch, columns):
+    monkeypatch.setenv("COLUMNS", str(columns))
+    argv = ("--train-trace", traces["train"], "--trace", traces["near"], "--predictor", "oracle,leap-rls")
+    rc, out, err = run(capsys, *argv)
+    assert rc == 0, err
+    assert max(len(line) for line in out.splitlines()) <= columns and "\u2026" not in out
+    for kept in ("predictor", "trace", "domain", "Spearman", "MAE", "120", "leap-rls"):
+        assert kept in out
+    assert "MAE 257-1024" not in out and f"not shown at {columns} columns: updates, MAE 257-1024" in out
+    rc, wide, err = run(capsys, *argv, "--wide")
+    assert rc == 0, err
+    for label in ("updates", "MAE <=256", "MAE 257-1024", "MAE >1024", "pair acc", "Kendall tau", "in-sample"):
+        assert label in wide
+    assert "\u2026" not in wide and "not shown" not in wide
+
+
 def test_target_ablation(capsys, traces):
     rc, out, err = run(capsys, "--train-trace", traces["train"], "--trace", traces["near"],
                        "--ablation", "target", "--json")

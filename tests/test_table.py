@@ -1,11 +1,13 @@
-"""simulate's console table: compact by default (fits 100 columns, nothing cut), one legend line,
+"""simulate's console table: compact by default (fits the terminal, 100 columns when piped, by
+dropping columns in a stated order, nothing cut), a header naming the arrivals, one legend line,
 the trade-off against FCFS in words; --wide has every figure; --out says where it wrote."""
 
 from __future__ import annotations
 
 import pytest
 
-from experiments.cli import COMPACT_COLUMNS, LEGEND, WIDE_COLUMNS, main
+from experiments.cli import main
+from experiments.table import COMPACT_COLUMNS, DROP_ORDER, LEGEND, WIDE_COLUMNS
 
 TRACE = "sharegpt-lengths"
 
@@ -13,6 +15,7 @@ TRACE = "sharegpt-lengths"
 @pytest.fixture(autouse=True)
 def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+    monkeypatch.delenv("COLUMNS", raising=False)   # piped: the 100-column default
 
 
 def table(capsys, *args):
@@ -63,3 +66,31 @@ def test_out_says_where_it_wrote(tmp_path, capsys):
     out = tmp_path / "runs"
     captured = table(capsys, "--predictor", "none,oracle", "--load", "1.5x", "--out", str(out))
     assert f"simulate: wrote 2 run(s) to {out}" in captured.err
+
+
+def test_80_columns_drop_columns_in_order_never_cut(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    out = table(capsys, "--predictor", "none,oracle,noisy-oracle", "--policy", "countdown,trail-preemption",
+                "--load", "1x,1.5x", "--seeds", "2", "--jobs", "1").out
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80 and "\u2026" not in out
+    assert lines[0] == f"trace {TRACE} | engine qwen3-8b-h100 | arrivals poisson"   # the header, split at a |
+    note = " ".join(out.split("not shown at 80 columns: ")[1].split())   # the note may wrap
+    dropped = note.split(" (--wide shows every column)")[0].split(", ")
+    headers = {name: header for header, name in COMPACT_COLUMNS}
+    assert dropped == [headers[name] for name in DROP_ORDER][:len(dropped)]   # in the stated order
+    assert "mean PTL" in out and "p95 e2e" in out
+    rows = [x.split() for x in lines if x.split()[:1] in (["none"], ["oracle"], ["noisy-oracle"])]
+    assert len(rows) == 2 * 2 * 5 and all(len(r) == len(COMPACT_COLUMNS) + 1 - len(dropped) for r in rows)
+    wide = table(capsys, "--predictor", "none,oracle", "--load", "1.5x", "--wide").out
+    for header, _ in WIDE_COLUMNS:
+        if header != "PTL vs LEAP":
+            assert header in wide
+    assert "\u2026" not in wide and "not shown" not in wide
+
+
+def test_header_names_an_arrivals_file(capsys, tmp_path):
+    stamps = tmp_path / "stamps.csv"
+    stamps.write_text("timestamp\n" + "\n".join(str(0.5 * i) for i in range(300)) + "\n")
+    out = table(capsys, "--predictor", "none", "--arrivals", str(stamps)).out
+    assert f"trace {TRACE} | engine qwen3-8b-h100 | arrivals stamps.csv@sha256:" in out   # the header
