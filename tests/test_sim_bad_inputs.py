@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import experiments.cli as cli
-from core.trace import MAX_REQUEST_TOKENS, TraceError, load_trace, trace_metadata
+from core.contract import MAX_REQUEST_TOKENS
+from core.trace import TraceError, load_trace, trace_metadata
 from experiments.cli import main
 
 TRACE = "sharegpt-lengths"
