@@ -39,8 +39,14 @@ def check_clock_flags(args) -> None:
         raise CaptureError(f"--clock steps --arrivals {args.arrivals}: the arrival steps are replayed as "
                            "given; omit --load")
     if args.resume:
-        raise CaptureError("--clock steps: a step-clocked run cannot be continued part-way (its step "
+        raise CaptureError("--clock steps --resume: a step-clocked run cannot be continued part-way (its step "
                            "numbering would restart); rerun it with --overwrite")
+    if args.arrivals not in (None, "poisson") and Path(args.arrivals).is_file():
+        from core.arrivals import read_steps_csv
+        try:
+            read_steps_csv(Path(args.arrivals))     # its rows checked before any file is loaded
+        except ValueError as e:
+            raise CaptureError(str(e)) from None
 
 
 def capacity_of(entry: dict, clock: str) -> float:

@@ -5,7 +5,8 @@
 # the recorded ones (capped), per-request admit/first-token/finish steps recorded. No decision
 # depends on the host's speed, so runs may share the machine; `simulate --arrivals steps` replays
 # each one request by request. Resumable at run granularity: finished runs are skipped, a run cut
-# short restarts from its first step (rerun the same command).
+# short restarts from its first step (rerun the same command). Two engines (CPU=0 and CPU=1) may
+# work through one list in opposite orders: a run the other engine holds is skipped.
 #
 #   bash scripts/live_steps_runs.sh                           # alpaca200 then lmsys200, all runs
 #   WORKLOADS=lmsys bash scripts/live_steps_runs.sh fcfs-0.8  # only this run
@@ -57,7 +58,7 @@ for wl in $WORKLOADS; do
   if [ ! -f "$capfile" ]; then
     echo "== $wl$N capacity ($(date -u +%H:%M:%S))"
     taskset -c "$CPU" "$PY" -m live.serve "${COMMON[@]}" --policy fcfs --predictor none --capacity measure \
-        | tail -n 1 > "$capfile.tmp" && mv "$capfile.tmp" "$capfile"
+        | tail -n 1 > "$capfile.$$.tmp" && mv "$capfile.$$.tmp" "$capfile"
   fi
   capacity="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["capacity_req_per_step"])' "$capfile")"
   echo "== $wl$N: live FCFS capacity $capacity req/step ($capfile)"
@@ -70,7 +71,9 @@ for wl in $WORKLOADS; do
     case "$predictor" in leap|leap-rls) extra=(--readout "$readout");; esac
     if [ -e "$out" ] || [ -d "$out.parts" ]; then extra+=(--overwrite); fi   # a cut-short run starts over
     echo "== $wl$N $name: $policy + $predictor at ${load}x -> $out ($(date -u +%H:%M:%S))"
+    # a failed run (or one another engine is recording: its output is locked) does not stop the rest
     taskset -c "$CPU" "$PY" -m live.serve "${COMMON[@]}" --policy "$policy" --predictor "$predictor" \
-        --arrivals poisson --load "${load}x" --capacity "$capacity" --out "$out" "${extra[@]}"
+        --arrivals poisson --load "${load}x" --capacity "$capacity" --out "$out" "${extra[@]}" \
+        || echo "== $wl$N $name: FAILED (exit $?), continuing"
   done
 done
