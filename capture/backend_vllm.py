@@ -82,7 +82,7 @@ class VLLMBackend(Backend):
 
     def info(self) -> dict:
         return {"backend": "vllm", "backend_version": self.version, "eager": self.eager,
-                "engine_args": {k: _plain(v) for k, v in self.engine_args.items() if k != "model"},
+                "engine_args": {k: _shareable(_plain(v)) for k, v in self.engine_args.items() if k != "model"},
                 "compilation_mode": self.compilation, "kv_blocks": self.kv_blocks,
                 "kv_block_size": self.block_size, "model_runner": "v1",
                 "executor": self.executor,
@@ -429,6 +429,19 @@ def _plain(value):
         return value
     name = getattr(value, "__qualname__", None)
     return f"{value.__module__}.{name}" if name else repr(value)
+
+
+def _shareable(value):
+    """An engine argument with every absolute file path in it (e.g. a live config's read-out)
+    named as ``core.io.shareable_path`` does: no machine path in a shared trace."""
+    if isinstance(value, dict):
+        return {k: _shareable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shareable(v) for v in value]
+    if isinstance(value, str) and os.path.isabs(value) and os.path.isfile(value):
+        from core.io import shareable_path
+        return shareable_path(value)
+    return value
 
 
 def parse_cpu_list(text: str) -> list[int]:
