@@ -170,3 +170,29 @@ def test_steps_csv_reader_names_the_bad_row(tmp_path):
     f.write_text("arrival_step\n0\n1e3\n")
     with pytest.raises(ValueError, match=r"column arrival_step: line 3: '1e3'"):
         read_steps_csv(f)
+
+
+def test_leap_rls_sync_updates_publish_in_the_finishing_call():
+    """Under the step clock (``sync_updates``) an online update is published inside the call that
+    completes its batch, with the weights the background thread publishes for the same batch."""
+    from live.config import LiveSchedulerConfig
+    from live.predictors import LeapRLSLive
+
+    readout = ROOT / "traces" / "live" / "leap_readout_lmsys.npz"
+    preds = [LeapRLSLive(LiveSchedulerConfig(policy="countdown", predictor="leap-rls", readout=str(readout),
+                                             update_every=4, sync_updates=sync)) for sync in (True, False)]
+    try:
+        sync, threaded = preds
+        assert not hasattr(sync, "_thread") and threaded._thread.is_alive()
+        z = np.random.default_rng(1).normal(size=(9, len(sync.readout.mean)))
+        for k in range(9):
+            for p in preds:
+                p.on_finished(z[k], 100.0 + 37 * k)
+            assert sync._published[0] == (k + 1) // 4          # at once: no wait
+        threaded.wait_idle()
+        assert threaded._published[0] == sync._published[0] == 2
+        assert np.array_equal(threaded._published[1], sync._published[1])
+        assert sync.has_update() and sync.stats()["update_rows"] == [4, 4]
+    finally:
+        for p in preds:
+            p.close()
