@@ -22,6 +22,9 @@ class Finished:
     last: dict[int, np.ndarray]  # layer -> hidden state at the last prompt token
     decode: list[tuple[int, int, np.ndarray]] = field(default_factory=list)  # (gen, layer, vec)
     arrival_s: float | None = None  # submission offset from the start of the run
+    #: engine-step marks (docs/semantics.md "Step clock"): arrival_step, admit_step,
+    #: first_token_step, finish_step; None where the backend does not count steps
+    step_marks: dict[str, int | None] | None = None
 
 
 class Backend:

@@ -14,6 +14,9 @@ import numpy as np
 from . import CaptureError
 from .backend import Backend, Finished, GenRequest
 
+#: per-request step marks (docs/semantics.md "Step clock"), set while serving
+STEP_MARKS = ("arrival_step", "admit_step", "first_token_step", "finish_step")
+
 
 class VLLMBackend(Backend):
     name = "vllm"
@@ -79,7 +82,7 @@ class VLLMBackend(Backend):
 
     def info(self) -> dict:
         return {"backend": "vllm", "backend_version": self.version, "eager": self.eager,
-                "engine_args": {k: _plain(v) for k, v in self.engine_args.items() if k != "model"},
+                "engine_args": {k: _shareable(_plain(v)) for k, v in self.engine_args.items() if k != "model"},
                 "compilation_mode": self.compilation, "kv_blocks": self.kv_blocks,
                 "kv_block_size": self.block_size, "model_runner": "v1",
                 "executor": self.executor,
@@ -200,18 +203,20 @@ class VLLMBackend(Backend):
             if not done:
                 return
             out = [Finished(request=st["req"], output_tokens=st["n"], finish_reason=st["finish"],
-                            token_times_s=st["times"], last={}, arrival_s=st["t0"] - t0)
+                            token_times_s=st["times"], last={}, arrival_s=st["t0"] - t0,
+                            step_marks={k: st[k] for k in STEP_MARKS})
                    for st in done]
             for st in done:
                 ids.pop(st["internal"], None)
             done = []
             on_finished(out)
 
+        executed = 0            # engine steps run so far: the seconds clock's step numbers
         while pending or live:
             now = time.perf_counter()
             while pending and pending[0][0] <= now - t0:
                 planned, req, params = pending.popleft()
-                t = self._submit(req, params, live, ids)
+                t = self._submit(req, params, live, ids, executed)
                 lags.append(t - t0 - planned)
                 if on_submit is not None:
                     on_submit(req.request_id, planned, t - t0)
@@ -219,7 +224,8 @@ class VLLMBackend(Backend):
                 if pending:
                     time.sleep(max(0.0, pending[0][0] - (time.perf_counter() - t0)))
                 continue
-            tokens, finished = self._step(live, done)
+            tokens, finished = self._step(live, done, executed)
+            executed += 1
             now = time.perf_counter()
             gen_tokens += tokens
             n_done += finished
@@ -230,7 +236,63 @@ class VLLMBackend(Backend):
                          f"{len(pending)} to arrive, t={now - t0:.0f}s")
         flush()
         return {"wall_s": time.perf_counter() - t0, "generated_tokens": gen_tokens,
-                "submit_lag_s": lags}
+                "submit_lag_s": lags, "steps": executed}
+
+    def serve_steps(self, schedule, on_finished, on_steps, flush_every_s=20.0, flush_n=32):
+        """Step clock (docs/semantics.md "Step clock"): ``schedule`` is a list of
+        ``(arrival_step, GenRequest, SamplingParams)`` sorted by step. Ticks are numbered 0, 1, ...;
+        the requests of step k are added (in schedule order) just before tick k's engine step, so
+        step k's scheduling decision sees them. A tick with nothing in the engine runs no engine
+        step: the clock jumps to the next arrival step (the idle ticks still count). Host speed
+        changes no decision, only the wall times beside them. Returns wall time, generated
+        tokens, ticks (the clock at the end) and engine steps run."""
+        if self._scheduler() is None:
+            raise CaptureError("the step clock reads admissions from the engine core's scheduler: "
+                               "it needs the engine core in this process (--executor uni)")
+        ids: dict[str, str] = {}
+        live: dict[str, dict] = {}
+        done: list[dict] = []
+        pending = deque(schedule)
+        self.engine.collective_rpc("ct_reset_clock")
+        t0 = time.perf_counter()
+        gen_tokens = executed = tick = n_done = 0
+        last_flush = t0
+
+        def flush():
+            nonlocal done
+            got = self.engine.collective_rpc("ct_fetch")[0]
+            if got["steps"]:
+                on_steps(got["steps"])
+            if done:
+                fins = [Finished(request=st["req"], output_tokens=st["n"], finish_reason=st["finish"],
+                                 token_times_s=st["times"], last={}, arrival_s=st["t0"] - t0,
+                                 step_marks={k: st[k] for k in STEP_MARKS}) for st in done]
+                done = []
+                on_finished(fins)
+
+        while pending or live:
+            if not live and pending[0][0] > tick:
+                tick = int(pending[0][0])           # idle ticks: no engine step to run
+            while pending and pending[0][0] <= tick:
+                step, req, params = pending.popleft()
+                if step < tick:
+                    raise RuntimeError(f"internal: request {req.request_id} due at step {step} "
+                                       f"submitted at step {tick}")
+                self._submit(req, params, live, ids, tick)
+            tokens, finished = self._step(live, done, tick)
+            tick += 1
+            executed += 1
+            gen_tokens += tokens
+            n_done += finished
+            now = time.perf_counter()
+            if done and (len(done) >= flush_n or now - last_flush > flush_every_s):
+                flush()
+                last_flush = now
+                self.log(f"  {n_done}/{len(schedule)} done, {len(live)} in the engine, "
+                         f"{len(pending)} to arrive, step {tick}")
+        flush()
+        return {"wall_s": time.perf_counter() - t0, "generated_tokens": gen_tokens,
+                "ticks": tick, "steps": executed}
 
     def saturated_capacity(self, requests, params_for, max_resident):
         """Live saturated capacity: every request queued at t = 0; completions per second over
@@ -246,7 +308,8 @@ class VLLMBackend(Backend):
             live.add(req.request_id)
         n = len(requests)
         finish_t: list[float] = []
-        gen_tokens = 0
+        finish_step: list[int] = []
+        gen_tokens = step = 0
         while live:
             outs = self.engine.step()
             now = time.perf_counter() - t0
@@ -257,28 +320,42 @@ class VLLMBackend(Backend):
                 if o.finished:
                     live.discard(o.request_id)
                     finish_t.append(now)
+                    finish_step.append(step)
+            step += 1
         steps = self.engine.collective_rpc("ct_fetch")[0]["steps"]  # not part of any trace
         saturated = n > max_resident
         k = n - max_resident + 1 if saturated else n  # completions when fewer than the cap remain
         window = finish_t[k - 1]
+        window_steps = finish_step[k - 1] + 1          # steps 0 .. the k-th completion's step
         return {"capacity_req_s": k / window, "saturated": saturated, "window_s": window,
+                "capacity_req_per_step": k / window_steps, "window_steps": window_steps,
                 "completions_in_window": k, "requests": n, "makespan_s": finish_t[-1],
+                "makespan_steps": finish_step[-1] + 1,
                 "generated_tokens": gen_tokens, "steps": step_summary(steps)}
 
-    def _submit(self, req, params, live: dict, ids: dict) -> float:
-        """Add one request to the engine; its state (submission time ``t0``) goes into ``live``,
-        the engine's internal id into ``ids``. Returns the submission time."""
+    def _submit(self, req, params, live: dict, ids: dict, step: int | None = None) -> float:
+        """Add one request to the engine (before engine step ``step``); its state (submission time
+        ``t0``, step marks) goes into ``live``, the engine's internal id into ``ids``. Returns the
+        submission time."""
         t = time.perf_counter()
         internal = self.engine.add_request(req.request_id, {"prompt_token_ids": req.prompt_token_ids}, params)
         ids[internal if isinstance(internal, str) else req.request_id] = req.request_id
-        live[req.request_id] = {"req": req, "t0": t, "times": [], "n": 0, "internal": internal}
+        live[req.request_id] = {"req": req, "t0": t, "times": [], "n": 0, "internal": internal,
+                                **dict.fromkeys(STEP_MARKS), "arrival_step": step}
         return t
 
-    def _step(self, live: dict, done: list) -> tuple[int, int]:
-        """One engine step: each output's tokens stamped (offset from its request's submission),
-        finished requests moved from ``live`` to ``done``; returns (tokens, finished)."""
+    def _scheduler(self):
+        """The engine core's scheduler where it runs in this process (uni executor), else None."""
+        return getattr(getattr(getattr(self.engine, "engine_core", None), "engine_core", None),
+                       "scheduler", None)
+
+    def _step(self, live: dict, done: list, step: int | None = None) -> tuple[int, int]:
+        """One engine step (number ``step``): each output's tokens stamped (offset from its
+        request's submission), its step marks set, finished requests moved from ``live`` to
+        ``done``; returns (tokens, finished)."""
         outs = self.engine.step()
         now = time.perf_counter()
+        sched = self._scheduler() if step is not None else None
         tokens = finished = 0
         for o in outs:
             st = live.get(o.request_id)
@@ -290,10 +367,17 @@ class VLLMBackend(Backend):
                 st["times"].extend([now - st["t0"]] * k)
                 st["n"] += k
                 tokens += k
+                if st["first_token_step"] is None:
+                    st["first_token_step"] = step
+                    if st["admit_step"] is None and sched is not None:  # admitted in this very step
+                        st["admit_step"] = step
             if o.finished:
                 st["finish"] = "length" if c.finish_reason == "length" else "stop"
+                st["finish_step"] = step
                 done.append(live.pop(o.request_id))
                 finished += 1
+        if sched is not None and step is not None:
+            _mark_admitted(live, sched.requests, step)
         return tokens, finished
 
     def close(self):
@@ -301,6 +385,18 @@ class VLLMBackend(Backend):
             self.engine.engine_core.shutdown()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _mark_admitted(live: dict, requests: dict, step: int) -> None:
+    """``admit_step`` of each request whose first prefill tokens were scheduled in this step: the
+    engine's scheduler (``requests``: its requests by internal id) has computed tokens for it now
+    and had none after the step before (a preempted request's re-prefill does not count: only the
+    first admission is recorded)."""
+    for st in live.values():
+        if st["admit_step"] is None:
+            r = requests.get(st["internal"])
+            if r is not None and r.num_computed_tokens > 0:
+                st["admit_step"] = step
 
 
 def step_summary(steps: list[dict]) -> dict:
@@ -333,6 +429,19 @@ def _plain(value):
         return value
     name = getattr(value, "__qualname__", None)
     return f"{value.__module__}.{name}" if name else repr(value)
+
+
+def _shareable(value):
+    """An engine argument with every absolute file path in it (e.g. a live config's read-out)
+    named as ``core.io.shareable_path`` does: no machine path in a shared trace."""
+    if isinstance(value, dict):
+        return {k: _shareable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shareable(v) for v in value]
+    if isinstance(value, str) and os.path.isabs(value) and os.path.isfile(value):
+        from core.io import shareable_path
+        return shareable_path(value)
+    return value
 
 
 def parse_cpu_list(text: str) -> list[int]:

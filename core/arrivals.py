@@ -74,3 +74,43 @@ def rescale_to_rate(times: np.ndarray, n: int, rate: float) -> np.ndarray:
     if n > 1:
         out *= (n - 1) / rate / out[-1]
     return out[:n]
+
+
+def poisson_offsets(n: int, rate: float, seed: int) -> np.ndarray:
+    """The project's one Poisson arrival process: ``n`` offsets, the first at 0, exponential gaps
+    of mean ``1 / rate`` drawn from ``default_rng(seed)`` (same seed and rate -> same offsets, in
+    seconds or in engine steps alike)."""
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1.0 / rate, size=n)
+    return np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+
+
+def poisson_steps(n: int, rate_per_step: float, seed: int) -> np.ndarray:
+    """Step-clock arrivals: :func:`poisson_offsets` in steps, floored to whole step indices."""
+    return np.floor(poisson_offsets(n, rate_per_step, seed)).astype(np.int64)
+
+
+def read_steps_csv(path: Path) -> np.ndarray:
+    """Step indices (int64, sorted) from a CSV's ``arrival_step`` column: whole numbers >= 0."""
+    try:
+        with open(path, newline="") as fh:
+            reader = csv.reader(fh)
+            header = [h.strip().lower() for h in next(reader, None) or []]
+            if "arrival_step" not in header:
+                raise ValueError(f"--arrivals {path}: no arrival_step column (header: {', '.join(header)})")
+            col = header.index("arrival_step")
+            raw = [(line, row[col].strip()) for line, row in enumerate(reader, start=2)
+                   if len(row) > col and row[col].strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--arrivals {path}: cannot read ({exc})") from None
+    if not raw:
+        raise ValueError(f"--arrivals {path}: column arrival_step is empty")
+    steps = []
+    for line, text in raw:
+        if not re.fullmatch(r"\+?[0-9]+", text):
+            raise ValueError(f"--arrivals {path}: column arrival_step: line {line}: {text!r} is not a "
+                             "whole step index >= 0")
+        steps.append(int(text))
+    if max(steps) >= 2**62:
+        raise ValueError(f"--arrivals {path}: column arrival_step: {max(steps)} is out of range")
+    return np.sort(np.array(steps, dtype=np.int64), kind="stable")

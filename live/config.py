@@ -65,7 +65,9 @@ class LiveSchedulerConfig:
     estimate an arrival-stage predictor gives before its score lands (the simulator's
     ``prior_length`` = half the workload's cap); None = half the request's ``max_tokens``, right
     only when ``max_tokens`` is the user's cap -- with forced lengths it IS the answer, so a
-    replay must set it.
+    replay must set it. ``sync_updates`` (leap-rls, the step clock): each online update is
+    applied in the step whose finish completes its batch, not on a background thread, so which
+    step first sees the new weights does not depend on the host's speed.
     """
 
     policy: str = "countdown"
@@ -79,6 +81,7 @@ class LiveSchedulerConfig:
     head_weights: str | None = None
     ordered_admission: bool = True
     prior_tokens: float | None = None
+    sync_updates: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in LIVE_POLICIES:
@@ -117,6 +120,8 @@ class LiveSchedulerConfig:
                                               or not isinstance(self.prior_tokens, (int, float))
                                               or not math.isfinite(self.prior_tokens) or self.prior_tokens <= 0):
             raise LiveConfigError(f"prior-tokens must be a number > 0, got {self.prior_tokens!r}")
+        if not isinstance(self.sync_updates, bool):
+            raise LiveConfigError(f"sync-updates must be true or false, got {self.sync_updates!r}")
         if not isinstance(self.ordered_admission, bool):
             raise LiveConfigError(f"ordered-admission must be true or false, got {self.ordered_admission!r}")
         if self.predictor == "ssjf":

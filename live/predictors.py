@@ -9,7 +9,9 @@
   feed anchored RLS (``predictors.leap.AnchoredRLS``, the simulator's math) on a background CPU
   thread, ``update_every`` requests per update; the thread publishes a weight snapshot when an
   update completes, and the scheduler re-scores every resident request with the newest snapshot at
-  its next step start (the simulator's ``PendingUpdate`` / publish / re-score).
+  its next step start (the simulator's ``PendingUpdate`` / publish / re-score). With
+  ``sync_updates`` (leap-serve's step clock) the update runs at once, inside the step whose
+  finish completes the batch, so the next step always sees it.
 - ``ssjf``: the text-encoder baseline. At arrival the request's raw prompt text (``SamplingParams.
   extra_args[PROMPT_TEXT_KEY]``) is queued to a background CPU thread that embeds it with the
   capture's own all-MiniLM-L6-v2 encoder (``capture.features.TextEncoder``: mean pooling, L2
@@ -111,8 +113,10 @@ class LeapRLSLive(LeapLive):
         self.update_cpu_s: list[float] = []          # thread CPU time per update
         self.update_rows: list[int] = []
         self.rescore_s: list[float] = []
-        self._thread = threading.Thread(target=self._work, name="leap-rls", daemon=True)
-        self._thread.start()
+        self._sync = cfg.sync_updates                # step clock: update in the finishing step
+        if not self._sync:
+            self._thread = threading.Thread(target=self._work, name="leap-rls", daemon=True)
+            self._thread.start()
 
     def standardize(self, vectors):
         return self.readout.standardize(vectors, dtype=np.float64)
@@ -123,26 +127,31 @@ class LeapRLSLive(LeapLive):
         self._buf_z.append(feature)
         self._buf_y.append(float(output_tokens))
         if len(self._buf_z) >= self.update_every:
-            self._queue.put((np.stack(self._buf_z), np.asarray(self._buf_y)))
+            batch = (np.stack(self._buf_z), np.asarray(self._buf_y))
             self._submitted += 1
             self._buf_z, self._buf_y = [], []
+            if self._sync:
+                self._apply(*batch)
+            else:
+                self._queue.put(batch)
 
     def _work(self) -> None:
-        from core.readout import with_bias
-
-        version = 0
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            Z, y = item
-            t = time.thread_time()
-            self._rls.update(with_bias(Z), self._target.forward(y))
-            theta = self._rls.theta
-            self.update_cpu_s.append(time.thread_time() - t)
-            self.update_rows.append(len(y))
-            version += 1
-            self._published = (version, theta)
+            self._apply(*item)
+
+    def _apply(self, Z, y) -> None:
+        """One online update, then its weights published (swapped whole)."""
+        from core.readout import with_bias
+
+        t = time.thread_time()
+        self._rls.update(with_bias(Z), self._target.forward(y))
+        theta = self._rls.theta
+        self.update_cpu_s.append(time.thread_time() - t)
+        self.update_rows.append(len(y))
+        self._published = (self._published[0] + 1, theta)
 
     def has_update(self) -> bool:
         return self._published[0] > self._seen_version

@@ -46,7 +46,8 @@ from capture import CaptureError
 from capture.record import host_description
 from core.checks import MAX_NUMPY_SEED, bounded_int
 from core.cli import OneLineParser, run_command
-from live import prechecks
+from live import prechecks, stepclock
+from live.serve_records import first_estimates, read_sched_parts, scheduler_stats, serve_table, write_sched_part
 
 CAPACITY_FILE = "live_capacity.json"
 SERVE_TIMING = ("open loop: each request is submitted at the first engine-step boundary after its "
@@ -73,6 +74,8 @@ def serve_parser() -> argparse.ArgumentParser:
                    help="cap on the forced length (or the max_tokens of unforced requests)")
     p.add_argument("--arrivals", metavar="poisson|FILE.csv",
                    help="arrival process; omit with --capacity measure to only measure")
+    p.add_argument("--clock", choices=stepclock.CLOCKS, default="seconds",
+                   help="arrival clock: seconds (wall clock) or engine steps (live.stepclock)")
     p.add_argument("--load", metavar="X", help="arrival rate as a multiple of the live capacity, e.g. 0.8x")
     p.add_argument("--rate", type=float, metavar="REQ_S", help="arrival rate in requests per second")
     p.add_argument("--capacity", metavar="measure|REQ_S",
@@ -146,7 +149,8 @@ def live_config(args):
             policy=args.policy, predictor=args.predictor, max_resident=args.max_resident,
             decode_slots=args.decode_slots if args.decode_slots is not None else args.max_resident,
             wait_cap=args.wait_cap, readout=args.readout, layer=args.layer,
-            head_weights=args.head_weights, ordered_admission=not args.fcfs_admission)
+            head_weights=args.head_weights, ordered_admission=not args.fcfs_admission,
+            sync_updates=args.clock == "steps")
     except (ValueError, TypeError) as e:
         raise CaptureError(f"live scheduler: {e}") from None
 
@@ -234,28 +238,6 @@ def check_kv(reqs: list[ServeRequest], max_resident: int, blocks: int, block_siz
     return sum(need)
 
 
-def planned_arrivals(args, n: int, rate: float | None) -> tuple[np.ndarray, str]:
-    """Arrival offsets (s) of the n requests, in submission order, and a description. Poisson
-    uses the simulator's generator (same seed and rate -> the same times as ``simulate``)."""
-    from core.arrivals import read_timestamps_csv, rescale_to_rate
-
-    if args.arrivals == "poisson":
-        rng = np.random.default_rng(args.seed)
-        gaps = rng.exponential(1.0 / rate, size=n)
-        return np.concatenate([[0.0], np.cumsum(gaps[:-1])]), "poisson"
-    path = Path(args.arrivals)
-    try:
-        times = read_timestamps_csv(path)
-    except ValueError as e:
-        raise CaptureError(str(e)) from None
-    if rate is not None:
-        return rescale_to_rate(times, n, rate), f"{path.name} (stretched to the rate)"
-    if len(times) < n:
-        raise CaptureError(f"--arrivals {path}: {len(times)} timestamps for {n} requests "
-                           "(give --load or --rate to tile and stretch them)")
-    return times[:n], f"{path.name} (as recorded)"
-
-
 # --------------------------------------------------------------------------- capacity cache
 
 
@@ -303,6 +285,7 @@ def serve_main(argv) -> int:
     t_start = time.time()
 
     # ---- flags that need no file
+    stepclock.check_clock_flags(args)
     _positive(args, "requests", "max_length", "max_resident", "max_num_batched_tokens",
               "kv_space_gib", "flush_every", "decode_slots", "max_model_len")
     if args.probe_every < 0:
@@ -459,12 +442,12 @@ def serve_main(argv) -> int:
         if entry is None:
             raise CaptureError("--load needs a capacity: none is cached for this workload and engine "
                                "setting; pass --capacity measure (or --capacity REQ_S)")
-        capacity, capacity_how = float(entry["capacity_req_s"]), "cached"
+        capacity, capacity_how = stepclock.capacity_of(entry, args.clock), "cached"
     rate = args.rate if args.rate is not None else (load * capacity if load is not None and capacity else None)
     planned = None
     arrivals_desc = None
     if args.arrivals is not None and not (measure and load is not None):
-        planned, arrivals_desc = planned_arrivals(args, n, rate)
+        planned, arrivals_desc = stepclock.planned_arrivals(args, n, rate)
 
     # ---- engine
     try:
@@ -496,9 +479,10 @@ def serve_main(argv) -> int:
         store.lock()  # before the engine starts: a second process on this output exits at once
         run_config = {**workload, **engine_desc, "policy": args.policy, "predictor": args.predictor,
                       "arrivals": arrivals_desc if planned is not None else args.arrivals,
-                      "load": load, "seed": args.seed, "probe_every": args.probe_every}
+                      "load": load, "seed": args.seed, "probe_every": args.probe_every,
+                      **({"clock": "steps"} if args.clock == "steps" else {})}
         if planned is not None:
-            run_config["rate_req_s"] = rate
+            run_config[stepclock.rate_key(args.clock)] = rate
     be = VLLMBackend(model_dir, last_layers=[], decode_layers=[], decode_every=0, dtype=dtype,
                      seed=args.seed, max_model_len=max_model_len, max_num_seqs=args.max_resident,
                      max_num_batched_tokens=args.max_num_batched_tokens,
@@ -528,19 +512,21 @@ def serve_main(argv) -> int:
                         "measured": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                         "quiet_probe_median_s": float(np.median(quiet_probe))})
             write_capacity(key, res)
-            capacity, capacity_how = res["capacity_req_s"], "measured"
-            log(f"capacity {capacity:.4f} req/s ({res['completions_in_window']} completions in "
-                f"{res['window_s']:.1f}s saturated; makespan {res['makespan_s']:.1f}s, "
+            capacity, capacity_how = stepclock.capacity_of(res, args.clock), "measured"
+            log(f"capacity {res['capacity_req_s']:.4f} req/s, {res['capacity_req_per_step']:.5f} req/step "
+                f"({res['completions_in_window']} completions in {res['window_s']:.1f}s, "
+                f"{res['window_steps']} steps saturated; makespan {res['makespan_s']:.1f}s, "
                 f"{res['generated_tokens']} tokens)")
-            print(json.dumps({"capacity_req_s": capacity, "key": key, **{
-                k: res[k] for k in ("saturated", "window_s", "completions_in_window", "requests",
-                                    "makespan_s", "generated_tokens", "steps")}}))
+            print(json.dumps({"key": key, **{
+                k: res[k] for k in ("capacity_req_s", "capacity_req_per_step", "saturated", "window_s",
+                                    "window_steps", "completions_in_window", "requests", "makespan_s",
+                                    "makespan_steps", "generated_tokens", "steps")}}))
             if args.arrivals is None:
                 return 0
             if load is not None:
                 rate = load * capacity
-                run_config["rate_req_s"] = rate
-                planned, arrivals_desc = planned_arrivals(args, n, rate)
+                run_config[stepclock.rate_key(args.clock)] = rate
+                planned, arrivals_desc = stepclock.planned_arrivals(args, n, rate)
                 run_config["arrivals"] = arrivals_desc
         serving = {"mode": "open-loop", "arrivals": arrivals_desc, "load": load,
                    "rate_req_s": rate, "capacity_req_s": capacity, "capacity_source": capacity_how,
@@ -558,7 +544,7 @@ def serve_main(argv) -> int:
                    "source_trace": {"name": src.name, "sha256": src.content_hash,
                                     "rows": [int(i) for i in rows] if args.sample else f"first {n}"},
                    "seed": args.seed, "threads": threads_n, "kv_blocks": be.kv_blocks,
-                   "kv_blocks_needed_at_cap": kv_need}
+                   "kv_blocks_needed_at_cap": kv_need, **stepclock.serving_fields(args.clock, capacity, rate)}
         return _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serving,
                           (quiet_probe, quiet_mem_probe), src, cfg, model_dir, template, tsha, sampling, dtype,
                           max_model_len, t_start, log)
@@ -594,14 +580,16 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
     store.open(run_config, resume=args.resume)
     try:
         done = store.done_ids("gen")
-        todo = [(float(planned[i]), r) for i, r in enumerate(reqs) if r.request_id not in done]
-        shift = todo[0][0] if todo else 0.0
+        steps_clock = serving["clock"] == "steps"   # arrival steps, never shifted (no resume)
+        todo = [(planned[i].item(), r) for i, r in enumerate(reqs) if r.request_id not in done]
+        shift = todo[0][0] if todo and not steps_clock else 0.0
         segment = {"run": store.run, "requests": len(todo), "schedule_shift_s": shift}
         _write_json(store.dir / f"segment-{store.run:03d}.json", segment)
-        planned_of = {r.request_id: float(planned[i]) for i, r in enumerate(reqs)}
+        planned_of = {r.request_id: None if steps_clock else float(planned[i]) for i, r in enumerate(reqs)}
         by_id = {r.request_id: r for r in reqs}
-        log(f"{len(reqs)} requests, {len(done)} already served; segment {store.run}: {len(todo)} "
-            f"at {serving['rate_req_s'] or 0:.4f} req/s ({serving['arrivals']})")
+        log(f"{len(reqs)} requests, {len(done)} already served; segment {store.run}: {len(todo)} at "
+            + (f"{serving['rate_req_per_step'] or 0:.5f} req/step" if steps_clock
+               else f"{serving['rate_req_s'] or 0:.4f} req/s") + f" ({serving['arrivals']})")
         info = be.info()
         _write_json(store.dir / "backend.json", info)
         stats = {"requests": 0, "generated_tokens": 0, "wall_s": 0.0, "backend": "vllm",
@@ -627,17 +615,19 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
         schedule = [(p - shift, GenRequest(r.request_id, list(r.prompt_token_ids)), params_for(r))
                     for p, r in todo]
         if schedule:
-            res = be.serve(schedule, on_finished, on_steps, flush_n=args.flush_every)
-            stats["wall_s"] = res["wall_s"]
-            lag = np.asarray(res["submit_lag_s"])
-            stats["submit_lag_s"] = {"median": float(np.median(lag)), "p99": float(np.quantile(lag, 0.99)),
-                                     "max": float(lag.max())}
+            res = (be.serve_steps if steps_clock else be.serve)(schedule, on_finished, on_steps,
+                                                                 flush_n=args.flush_every)
+            stats.update(wall_s=res["wall_s"], engine_steps=res["steps"], ticks=res.get("ticks"))
+            if not steps_clock:
+                lag = np.asarray(res["submit_lag_s"])
+                stats["submit_lag_s"] = {"median": float(np.median(lag)), "p99": float(np.quantile(lag, 0.99)),
+                                         "max": float(lag.max())}
             _write_json(store.dir / f"run-{store.run:03d}.json", stats)
 
         sched = scheduler_stats(be.engine)
         if sched:
-            _write_sched_part(store, sched)
-        sched_table = _read_sched_parts(store)
+            write_sched_part(store, sched)
+        sched_table = read_sched_parts(store)
         if sched_table is not None:  # side tables before the trace (finalize writes it last)
             from capture.store import atomic_write_table
             from core.trace import side_table_path
@@ -693,7 +683,7 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
             "prompt_sources": src.metadata.get("prompt_sources"),
             "capture_date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "host": host_description(),
-            "timing": SERVE_TIMING,
+            "timing": stepclock.STEP_TIMING if steps_clock else SERVE_TIMING,
             "decode_every_k": 0,
             "decode_layers": [],
             "run_config": run_config,
@@ -714,79 +704,6 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
         raise RuntimeError(f"the serving trace does not validate: {e}") from None
     log(f"wrote {out} ({len(reqs)} requests) in {time.time() - t_start:.0f}s")
     return 0
-
-
-def scheduler_stats(engine) -> dict | None:
-    """The live scheduler's per-step stats (``leap_stats()``: dict of equal-length lists), where
-    the engine core runs in this process (uni executor) and its scheduler has them."""
-    core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
-    fn = getattr(getattr(core, "scheduler", None), "leap_stats", None)
-    return fn() if callable(fn) else None
-
-
-def first_estimates(engine, known) -> dict[str, float]:
-    """The live scheduler's first length estimate of each finished request (``leap_requests()``),
-    by the served request id: vLLM's engine id is that id plus ``-`` and 8 random characters
-    (``InputProcessor.assign_request_id``), or the id itself with the randomisation disabled.
-    Empty without the live scheduler in this process; NaN estimates (no predictor) are left out."""
-    core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
-    fn = getattr(getattr(core, "scheduler", None), "leap_requests", None)
-    if not callable(fn):
-        return {}
-    got = fn()
-    out = {}
-    for engine_id, value in zip(got.get("request_id", []), got.get("first_predicted", [])):
-        rid = engine_id if engine_id in known else engine_id.rsplit("-", 1)[0]
-        if rid in known and value is not None and math.isfinite(value):
-            out[rid] = float(value)
-    return out
-
-
-def _write_sched_part(store, stats: dict) -> None:
-    import pyarrow as pa
-
-    from core.io import atomic_write_parquet
-
-    table = pa.table({**{k: pa.array(v) for k, v in stats.items()},
-                      "run": pa.array([store.run] * len(next(iter(stats.values()), [])), pa.int32())})
-    atomic_write_parquet(store.dir / f"sched-{store.run:03d}.parquet", table, compression="snappy")
-
-
-def _read_sched_parts(store):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    files = sorted(store.dir.glob("sched-*.parquet"))
-    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive") if files else None
-
-
-def serve_table(fins, by_id, planned_of, run: int, shift: float, estimates: dict | None = None):
-    """Request rows of a serving run (the trace contract plus planned_arrival_s, run,
-    source_output_tokens, and predicted_tokens: the live scheduler's first length estimate, null
-    without one)."""
-    estimates = estimates or {}
-    import pyarrow as pa
-
-    rows = []
-    for f in fins:
-        r = by_id[f.request.request_id]
-        tt = [float(x) for x in f.token_times_s]
-        rows.append(dict(
-            request_id=r.request_id, domain=r.domain, prompt_id=r.prompt_id, prompt_text=None,
-            prompt_tokens=len(r.prompt_token_ids), output_tokens=int(f.output_tokens),
-            finish_reason=f.finish_reason, max_tokens=r.length, arrival_s=f.arrival_s + shift,
-            planned_arrival_s=planned_of[r.request_id], ttft_s=tt[0] if tt else None,
-            e2e_s=tt[-1] if tt else None, token_times_s=tt or None, run=run,
-            source_output_tokens=r.source_output_tokens, predicted_tokens=estimates.get(r.request_id),
-            reference_output_tokens=r.reference_output_tokens))
-    types = {"request_id": pa.string(), "domain": pa.string(), "prompt_id": pa.string(),
-             "prompt_text": pa.string(), "prompt_tokens": pa.int32(), "output_tokens": pa.int32(),
-             "finish_reason": pa.string(), "max_tokens": pa.int32(), "arrival_s": pa.float64(),
-             "planned_arrival_s": pa.float64(), "ttft_s": pa.float64(), "e2e_s": pa.float64(),
-             "token_times_s": pa.list_(pa.float64()), "run": pa.int32(),
-             "source_output_tokens": pa.int32(), "predicted_tokens": pa.float64(),
-             "reference_output_tokens": pa.int32()}
-    return pa.table({k: pa.array([row[k] for row in rows], t) for k, t in types.items()})
 
 
 def _file_ref(path: str | None) -> str | None:

@@ -85,6 +85,9 @@ def test_tiny_serving_run(tmp_path):
         assert x["token_times_s"] == sorted(x["token_times_s"])
         assert x["arrival_s"] >= x["planned_arrival_s"] - 1e-9       # never submitted early
         assert x["run"] == 0
+    for x in rows:      # engine steps, counted under the seconds clock too (executed steps)
+        assert x["arrival_step"] <= x["admit_step"] <= x["first_token_step"] <= x["finish_step"] < len(steps)
+    assert max(x["finish_step"] for x in rows) == len(steps) - 1
     # work terms: every decode of a request attends prompt + generated-so-far keys, g = 1..L-1;
     # the prompts are prefilled whole (543 tokens < the 2048 budget), so prefill_sq sums prompt^2
     want_ctx = sum(sum(x["prompt_tokens"] + g for g in range(1, x["output_tokens"])) for x in rows)
@@ -212,7 +215,8 @@ def test_first_estimates_recorded_as_predicted_tokens():
     from types import SimpleNamespace
 
     from capture.backend import Finished, GenRequest
-    from live.serve import ServeRequest, first_estimates, serve_table
+    from live.serve import ServeRequest
+    from live.serve_records import first_estimates, serve_table
 
     reqs = {rid: ServeRequest(rid, "d", rid, (1, 2, 3), 9, 7, None) for rid in ("a-1", "a-12", "b")}
     stats = {"request_id": ["a-1-1a2b3c4d", "a-12-ffffffff", "b-00000000", "zz-12345678"],
