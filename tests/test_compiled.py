@@ -53,8 +53,8 @@ class QueueAwareCharged(FixedPredictor):
     def cost(self, hardware=None):
         return PredictorCost(gpu_s_per_call=0.013, gpu_s_per_request=0.0021, gpu_s_per_prompt_token=1.7e-5)
 
-ARRAYS = ("arrival_s", "admit_s", "first_token_s", "finish_s", "predicted_tokens", "predicted_ready_s",
-          "forced_steps", "rows_request_id", "output_tokens")
+ARRAYS = ("arrival_s", "admit_s", "first_token_s", "finish_s", "admit_step", "first_token_step", "finish_step",
+          "predicted_tokens", "predicted_ready_s", "forced_steps", "rows_request_id", "output_tokens")
 SCALARS = ("steps", "contended_steps", "mae_in_use", "gpu_s_charged", "predictor_cpu_s", "updates_published")
 
 
@@ -273,6 +273,36 @@ def test_compiled_matches_reference_with_leap_rls(trace, load, charge):
 def test_compiled_matches_reference_under_vllm_v1_scheduling(case):
     profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
     assert_identical(simulate(case, "reference", profile), simulate(case, "compiled", profile))
+
+
+@settings(max_examples=150, **HYPO)
+@given(vllm_cases(policies=("fcfs", "countdown"), predictors=("oracle", "fixed"), step_times=("unit",)),
+       st.sampled_from(["static", "prefill", "online"]))
+def test_compiled_matches_reference_on_the_step_clock(case, estimates):
+    """The step clock (docs/semantics.md "Step clock"): whole-step arrivals, unit steps, nothing
+    charged; ticks (idle ones included) recorded in the step columns identically, with estimates
+    fixed at bind time, published after prefill, or learnt online."""
+    case.arrival = [float(int(a)) for a in case.arrival]
+    case.closed_loop = None
+    if estimates == "static" or case.fixed is None:
+        def predictor():
+            return make_predictor_for(case)
+    elif estimates == "prefill":
+        def predictor():
+            return PrefillStage(case.fixed, 0.0, 1.0)
+    else:
+        def predictor():
+            return OnlineLearning(case.fixed, 0.0, 1.0, 2, (0.0,))
+    runs = []
+    for kernel in ("reference", "compiled"):
+        wl = trace_from_arrays("hypo", case.prompt, case.output)
+        sim = Simulation(wl, np.asarray(case.arrival, dtype=np.float64), policy=make_policy(case.policy),
+                         predictor=predictor(), profile=UnitProfile(), config=case.config, seed=case.seed,
+                         kernel=kernel, charge_cost=False, step_clock=True)
+        assert kernel == "reference" or unsupported(sim) is None
+        runs.append(sim.run())
+    assert_identical(*runs)
+    assert (runs[0].finish_step == runs[0].finish_s - 1).all()   # a step's tick is the clock at its start
 
 
 @settings(max_examples=100, **HYPO)
