@@ -107,7 +107,21 @@ def compare_steps(trace: Trace, result: RunResult) -> dict:
          "sim_finish_step": int(sim["finish_step"][i]), "live_admit_step": int(live["admit_step"][i]),
          "sim_admit_step": int(sim["admit_step"][i])} for i in bad.tolist()]
     out["first_divergence_step"] = _first_divergence(live, sim)
+    if "predicted_tokens" in trace.table.column_names:   # the live scheduler's first estimate vs the simulator's
+        live_est = trace.table.column("predicted_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
+        sim_est = np.asarray(result.predicted_tokens, dtype=np.float64)[order]
+        ok = np.isfinite(live_est) & np.isfinite(sim_est)
+        if ok.any():
+            rel = np.abs(live_est[ok] - sim_est[ok]) / np.maximum(np.abs(live_est[ok]), 1e-12)
+            out["first_estimate_max_rel_diff"] = float(rel.max())
+            out["first_estimate_median_rel_diff"] = float(np.median(rel))
+        for m, i in zip(out["finish_step_mismatches"], bad.tolist()):
+            m["live_first_estimate"], m["sim_first_estimate"] = _num(live_est[i]), _num(sim_est[i])
     return out
+
+
+def _num(value: float) -> float | None:
+    return float(value) if np.isfinite(value) else None
 
 
 def _first_divergence(live: dict, sim: dict) -> int | None:
