@@ -268,6 +268,32 @@ def test_compiled_matches_reference_with_leap_rls(trace, load, charge):
     assert result.updates_published > 10
 
 
+@pytest.mark.parametrize("predictor", ["leap", "leap-rls"])
+def test_compiled_matches_reference_on_the_step_clock_with_leap(predictor):
+    """The step clock on a recorded trace under the live runs' caps (64 resident, 16 decode slots,
+    wait cap 128, 2048 tokens shared by decodes and chunks): LEAP's estimates after prefill and
+    LEAP+RLS's updates published at the end of the step whose finishes complete a batch of 8."""
+    from core.trace import load_trace
+    from predictors import make_predictor
+    from predictors.base import PredictorOptions
+    from simulator.engine import EngineConfig
+
+    wl = load_trace("alpaca").take(np.arange(200))
+    gaps = np.random.default_rng(0).exponential(1 / 0.09, size=200)
+    arrival = np.floor(np.concatenate([[0.0], np.cumsum(gaps[:-1])]))
+    config = EngineConfig(max_resident=64, decode_slots=16, prefill_token_budget=2048, wait_cap=128,
+                          chunked_prefill=True, decodes_in_budget=True)
+    runs = []
+    for kernel in ("reference", "compiled"):
+        sim = Simulation(wl, arrival, policy=make_policy("countdown"),
+                         predictor=make_predictor(predictor, PredictorOptions(train_trace="lmsys")),
+                         profile=UnitProfile(), config=config, charge_cost=False, kernel=kernel, step_clock=True)
+        assert kernel == "reference" or unsupported(sim) is None
+        runs.append(sim.run())
+    assert_identical(*runs)
+    assert runs[0].contended_steps > 100 and (predictor == "leap" or runs[0].updates_published > 10)
+
+
 @settings(max_examples=300, **HYPO)
 @given(vllm_cases(policies=("fcfs", "countdown", "trail-preemption"), predictors=("oracle", "noisy", "fixed")))
 def test_compiled_matches_reference_under_vllm_v1_scheduling(case):
