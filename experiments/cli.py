@@ -90,13 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
                    f"(default: FCFS and {DEFAULT_PREDICTOR} when the trace has hidden-state features, else FCFS and oracle)")
     p.add_argument("--policy", help=f"comma list of {', '.join(POLICIES)} (default: countdown, or fcfs "
                    "with --predictor none)")
-    p.add_argument("--engine", default=DEFAULT_PROFILE, help=f"step-time profile: {', '.join(PROFILES)}, or fitted:TRACE (fit on another "
-                   "trace's steps table: out of sample)")
+    p.add_argument("--engine", default=None, help=f"step-time profile: {', '.join(PROFILES)}, or fitted:TRACE (fit on another "
+                   f"trace's steps table: out of sample) (default {DEFAULT_PROFILE}; unit with --arrivals steps)")
     p.add_argument("--load", default=None, help="comma list of multiples of FCFS capacity, e.g. 0.5x,1x,1.5x "
                    f"(default {DEFAULT_LOAD}; not with --arrivals recorded/closed)")
     p.add_argument("--arrivals", default="poisson", help="poisson | trace | FILE.csv of timestamps (rescaled to the "
                    "load's mean rate) | recorded (each request at its own arrival_s, unscaled) | closed:N (closed "
-                   "loop, N in flight; 'closed': the recording's own window)")
+                   "loop, N in flight; 'closed': the recording's own window) | steps (a step-clocked run: each "
+                   "request at its arrival_step, every step 1.0, no predictor cost)")
     p.add_argument("--preset", choices=PRESETS, help="recorded: the engine settings of the trace's own vLLM "
                    "recording (caps, token budget, chunked prefill, decodes in the budget); explicit engine "
                    "flags override single settings")
@@ -132,8 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--refresh", choices=("default", "on", "off"), default="default",
                    help="decode-time re-prediction for predictors that support it (TRAIL; LEAP on traces "
                         "with decode features)")
-    p.add_argument("--predictor-cost", choices=("charged", "none"), default="charged",
-                   help="charge predictor GPU/CPU time to the engine, or not (paper's Table 4)")
+    p.add_argument("--predictor-cost", choices=("charged", "none"), default=None,
+                   help="charge predictor GPU/CPU time to the engine, or not (paper's Table 4) (default charged; "
+                        "none with --arrivals steps)")
     p.add_argument("--setting", action="append", default=[], metavar="PREDICTOR.KEY=VALUE",
                    help="a predictor's own setting, e.g. leap.alpha=0.001, tie.queue_batch=32, ssjf.retrain=true "
                         "(repeatable; unknown settings are refused, naming the known ones)")
@@ -229,8 +231,11 @@ def _configs(args) -> list[RunConfig]:
             continue
         if name not in POLICIES:
             raise UsageError(f"unknown policy {name!r} (choose from {', '.join(POLICIES)})")
-    if not is_profile_name(args.engine):
-        raise UsageError(f"unknown engine profile {args.engine!r} (choose from {', '.join(PROFILES)}, fitted:TRACE)")
+    step_clock = args.arrivals == "steps"   # the step clock's defaults: unit-time steps, nothing charged
+    engine = args.engine if args.engine is not None else ("unit" if step_clock else DEFAULT_PROFILE)
+    predictor_cost = args.predictor_cost if args.predictor_cost is not None else ("none" if step_clock else "charged")
+    if not is_profile_name(engine):
+        raise UsageError(f"unknown engine profile {engine!r} (choose from {', '.join(PROFILES)}, fitted:TRACE)")
     try:
         arrivals = ArrivalSpec.parse(args.arrivals)
         if arrivals.as_recorded:   # replayed as recorded: nothing to scale, no capacity to measure
@@ -268,11 +273,11 @@ def _configs(args) -> list[RunConfig]:
         if (seed, load, predictor, policy) in planned:
             continue
         planned.add((seed, load, predictor, policy))
-        configs.append(RunConfig(trace=trace_name, predictor=predictor, policy=policy, engine=args.engine,
+        configs.append(RunConfig(trace=trace_name, predictor=predictor, policy=policy, engine=engine,
                                  load=load, arrivals=arrivals, requests=args.requests, seed=seed, tile=args.tile,
                                  engine_config=engine_config, preset=args.preset, engine_overrides=overrides,
                                  predictor_options=dataclasses.replace(options, seed=seed),
-                                 charge_cost=args.predictor_cost == "charged"))
+                                 charge_cost=predictor_cost == "charged"))
     return configs
 
 

@@ -11,7 +11,10 @@ Measured side, from the trace itself: ``e2e_s`` (submission to last token), ``tt
 first token), PTL = e2e / output tokens, TPOT = (e2e - ttft) / (output tokens - 1). Simulated side:
 the same definitions with submission = the request's (released) arrival. Makespan: measured = the
 sum of the recording's runs' ``wall_s`` (closed loop) or last finish - first arrival (serving).
-Nothing here is tuned on the run it validates.
+Nothing here is tuned on the run it validates. Step-clocked serving runs (``serving.clock = "steps"``)
+are checked decision by decision instead (:mod:`experiments.validate_steps`): the share of requests
+whose simulated finish step equals the live one (``--json``: ``clock``, ``finish_step_match_share``,
+``finish_step_mismatches``); wall-clock rows carry ``clock = "seconds"``.
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ from experiments.validate_serving import (
     serving_report_section,
     validate_serving_runs,
 )
+from experiments.validate_steps import step_replay_config, step_runs_section, validate_step_run
 from simulator.preset import closed_loop_window
 from simulator.profiles import FITTED_FROM
 from simulator.runner import NO_PREDICTOR, RunConfig, execute, prepare
+from simulator.stepclock import trace_clock
 from simulator.workload import ArrivalSpec
 
 PROG = "leap-validate"
@@ -136,9 +141,12 @@ def _validate(argv: list[str]) -> int:
     traces = [load_trace(n) for n in names]
     if args.requests is not None and args.requests < 1:
         raise ValueError("--requests must be >= 1")
-    serving = [t for t in traces if is_serving(t)]
+    stepped = [t for t in traces if is_serving(t) and trace_clock(t) == "steps"]   # decision-level check
+    serving = [t for t in traces if is_serving(t) and trace_clock(t) == "seconds"]
     batch = [t for t in traces if not is_serving(t)]
-    if serving and (args.matrix or args.requests is not None):
+    for t in stepped:   # refused before any replay runs (read-out, predictor, clock)
+        step_replay_config(t)
+    if (serving or stepped) and (args.matrix or args.requests is not None):
         raise ValueError("--matrix and --requests apply to batch traces; a serving run replays whole")
     profile = load_trace(args.profile_from) if args.profile_from else None
     if profile is not None and serving and not is_serving(profile):
@@ -163,14 +171,19 @@ def _validate(argv: list[str]) -> int:
     register_sources([load_trace(path) for path in args.source], serving)
     serving_rows = validate_serving_runs(serving, profile, args.predictor_cost, reference=reference) if serving else []
     name_references(serving_rows, PROG)
+    for row in serving_rows:   # a wall-clock run: no step-level equality to check
+        row.update(clock="seconds", finish_step_match_share=None)
+    step_rows = [validate_step_run(t) for t in stepped]
     if args.json:
-        for row in serving_rows:
+        for row in serving_rows + step_rows:
             print(json.dumps(row, sort_keys=True), flush=True)
     if not args.json:
         if rows:
             print(report_section(rows), end="")
         if serving_rows:
             print(serving_report_section(serving_rows), end="")
+        if step_rows:
+            print(step_runs_section(step_rows), end="")
     return 0
 
 

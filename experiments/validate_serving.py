@@ -11,9 +11,14 @@ import json
 
 import numpy as np
 
-from core.trace import Trace, TraceError, load_trace
+from core.trace import Trace, load_trace
 from experiments.replay_errors import replay_errors
 from simulator.runner import NO_PREDICTOR
+from simulator.serving import GIVEN_SOURCES, is_serving, serving_engine_config, source_rows, source_trace
+from simulator.serving import serving_meta as _serving
+from simulator.stepclock import trace_clock
+
+__all__ = ["GIVEN_SOURCES", "is_serving", "serving_engine_config", "source_trace"]   # moved to simulator.serving; imported from here too
 
 
 def _pct(x: np.ndarray, q: float) -> float:
@@ -68,17 +73,6 @@ PREDICTOR_COSTS = ("none", "charged")
 SIDE_TABLE_SUFFIXES = (".steps.parquet", ".sched.parquet", ".decode.parquet")
 #: live predictor name -> simulator predictor name (identical by construction)
 LIVE_PREDICTORS = {"none": NO_PREDICTOR, "oracle": "oracle", "leap": "leap", "leap-rls": "leap-rls", "ssjf": "ssjf"}
-
-
-def is_serving(trace: Trace) -> bool:
-    return isinstance((trace.metadata or {}).get("serving"), dict)
-
-
-def _serving(trace: Trace) -> dict:
-    meta = (trace.metadata or {}).get("serving")
-    if not isinstance(meta, dict):
-        raise ValueError(f"trace {trace.name!r} is not a serving run (no serving metadata)")
-    return meta
 
 
 def serving_workload_key(trace: Trace) -> str:
@@ -147,30 +141,6 @@ def default_profile_source(trace: Trace, candidates: list[Trace]) -> Trace:
     return ranked[0]
 
 
-#: Source traces given by path (``leap-validate --source PATH``), by content hash.
-GIVEN_SOURCES: dict[str, Trace] = {}
-
-
-def source_trace(trace: Trace) -> Trace:
-    """The recorded trace the serving run took its requests from (serving.source_trace), checked
-    by content hash: its features (feat_last, text_embedding) feed the simulator's predictors."""
-    src = _serving(trace).get("source_trace") or {}
-    name, sha = src.get("name"), src.get("sha256")
-    if not name or not sha:
-        raise ValueError(f"trace {trace.name!r}: serving.source_trace names no trace and hash")
-    if sha in GIVEN_SOURCES:   # leap-validate --source PATH: found by its content hash
-        return GIVEN_SOURCES[sha]
-    try:
-        source = load_trace(name)
-    except TraceError:
-        raise ValueError(f"trace {trace.name!r}: its source trace {name!r} is not available here "
-                         "(give its file with --source PATH)") from None
-    if source.content_hash != sha:
-        raise ValueError(f"trace {trace.name!r}: source trace {name!r} here has content hash "
-                         f"{source.content_hash[:12]}, the run was served from {sha[:12]}: not the same requests")
-    return source
-
-
 def serving_workload(trace: Trace, source: Trace, rows: np.ndarray | None = None) -> Trace:
     """The simulated workload of (some rows of) a serving run: the served requests at the client's
     send times, with prompt tokens and served (forced) lengths, joined by request_id with the source
@@ -189,11 +159,7 @@ def serving_workload(trace: Trace, source: Trace, rows: np.ndarray | None = None
 
     served = trace.table if rows is None else trace.table.take(pa.array(np.asarray(rows, dtype=np.int64)))
     ids = served.column("request_id").to_pylist()
-    where = {rid: i for i, rid in enumerate(source.request_id.tolist())}
-    missing = [rid for rid in ids if rid not in where]
-    if missing:
-        raise ValueError(f"trace {trace.name!r}: request {missing[0]!r} is not in its source trace {source.name!r}")
-    src_rows = np.array([where[rid] for rid in ids], dtype=np.int64)
+    src_rows = source_rows(trace, source, ids)
     src_prompt = source.prompt_tokens[src_rows]
     prompt = served.column("prompt_tokens").to_numpy().astype(np.int64)
     if not np.array_equal(src_prompt, prompt):
@@ -266,24 +232,6 @@ def serving_profile(profile_from: Trace):
         steps = steps.append_column("host_gap_s", pa.array(busy_host_gaps(steps, profile_from.table), pa.float64()))
     return FittedProfile.fit(steps, source=profile_from.name,
                              note=f"fitted on serving run {profile_from.name}'s steps (+ busy host gap)")
-
-
-def serving_engine_config(trace: Trace):
-    """The live run's engine settings: resident cap, decode slots, wait cap, the token budget shared
-    by decodes and prefill chunks, chunked prefill as vLLM V1 ran it."""
-    from simulator.engine import EngineConfig
-
-    s = _serving(trace)
-    args = ((trace.metadata or {}).get("backend_details") or {}).get("engine_args") or {}
-    chunked = args.get("enable_chunked_prefill", True)
-    try:
-        budget = s.get("max_num_batched_tokens") or args.get("max_num_batched_tokens") or 2048
-        return EngineConfig(max_resident=int(s["max_resident"]), decode_slots=int(s["decode_slots"]),
-                            prefill_token_budget=int(budget),
-                            wait_cap=int(s.get("wait_cap") or 0), chunked_prefill=bool(chunked),
-                            decodes_in_budget=True)
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"trace {trace.name!r}: serving metadata lacks an engine setting ({exc})") from None
 
 
 def _readout_check(trace: Trace) -> tuple[str, str]:
@@ -562,8 +510,8 @@ def add_gains(rows: list[dict], traces: list[Trace], sim_reference: dict[str, fl
 
 
 def serving_runs_in(folder) -> list[Trace]:
-    """The finished serving runs in a folder (traces/live/): runs still being recorded (a
-    ``.parts`` folder beside them) are left out."""
+    """The finished seconds-clocked serving runs in a folder (traces/live/): runs still being recorded
+    (a ``.parts`` folder beside them) and step-clocked runs (:mod:`experiments.validate_steps`) are left out."""
     from pathlib import Path
 
     folder = Path(folder)
@@ -574,7 +522,7 @@ def serving_runs_in(folder) -> list[Trace]:
         if p.name.endswith(SIDE_TABLE_SUFFIXES) or p.with_name(p.name + ".parts").exists():
             continue
         t = load_trace(p)
-        if is_serving(t):
+        if is_serving(t) and trace_clock(t) == "seconds":
             runs.append(t)
     return runs
 

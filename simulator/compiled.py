@@ -183,6 +183,7 @@ class CompiledRun:
                         KEY_SCORE if sim.predictor.output == "rank" else KEY_REMAINING)
         self.cfg = cfg
         self.kind, self.pi, self.pf = profile_coefficients(sim.profile)
+        self.step_clock = sim.step_clock
         slots = cfg.decode_slots
         width = max(cfg.max_resident, slots) + 1
         self.resident = np.empty(width, dtype=np.int64)
@@ -218,8 +219,9 @@ class CompiledRun:
             max_steps, t.arrival, t.prompt, t.length, self.predicted, self.mode, self.ordered, self.keys_on,
             cfg.decode_slots, cfg.wait_cap, cfg.prefill_token_budget, cfg.decodes_in_budget,
             -1 if cfg.kv_token_budget is None else cfg.kv_token_budget, cfg.max_resident, cfg.chunked_prefill,
-            self.lock_c, self.kind, self.pi, self.pf,
+            self.lock_c, self.kind, self.pi, self.pf, self.step_clock,
             t.generated, t.last_served, t.forced_steps, t.admitted, t.admit_s, t.first_token_s, t.finish_s,
+            t.admit_step, t.first_token_step, t.finish_step,
             t.first_predicted, t.ready_s, t.prefilled, self.resident, self.heap_keys, self.heap_rows, self.scratch,
             self.chosen, self.admit, self.firsts, self.err,
             self.ord_rows, self.ord_keys, self.lru_prev, self.lru_next, self.rekey, self.done_rows, self.fb_rows,
@@ -308,7 +310,9 @@ class CompiledRun:
             done = self.fb_rows[lo:hi].copy()
             lo = hi
             update = self.predictor.feedback(done, self.table.length[done])
-            if update is not None:
+            if update is not None and self.step_clock:   # PredictionDriver.publish_at_once
+                self._publish_update(update, self.now, self.finished, self.resident[:int(self.ist[S_N_RES])])
+            elif update is not None:
                 self.worker_queue.append(update)
         self.ist[S_FB_N] = self.ist[S_FB_GROUPS] = 0
         if self.worker_queue and not self.worker_busy:
@@ -327,25 +331,28 @@ class CompiledRun:
     def _fire(self, at: float, what, before_landing: bool) -> None:
         """One event at ``at``; ``before_landing``: it fired while the kernel's last step was running
         (the kernel has landed it since), so the predictor sees the system as it was then."""
-        t = self.table
         done_last = int(self.ist[S_DONE_LAST]) if before_landing else 0
         finished = self.finished - done_last
         if isinstance(what, np.ndarray):   # a delayed estimate
             self._publish(what, at, finished)
             return
-        d = self.driver                    # an online update's publish; then every resident is re-scored
-        what.publish()
-        d.updates += 1
         resident = self.resident[:int(self.ist[S_N_RES])]
         if done_last or (before_landing and self.ist[S_N_FIRST]):   # the residents before that step landed
             firsts = self.firsts[:int(self.ist[S_N_FIRST])]
             resident = np.setdiff1d(np.union1d(resident, self.done_rows[:done_last]), firsts)
-        rescored = resident[~np.isnan(t.ready_s[resident])]
-        self._publish(rescored, at, finished)
+        self._publish_update(what, at, finished, resident)
         self.worker_busy = False
         if self.worker_queue:   # the worker's next get fires after any step-loop timeout created by now
             yields = int(self.ist[S_YIELDS])
             self._start_update(at, yields + (1 if at == self.now else 0))
+
+    def _publish_update(self, update, at: float, finished: int, resident: np.ndarray) -> None:
+        """PredictionDriver._publish: an online update's weights go live at ``at``; every resident
+        request with an estimate is re-scored."""
+        update.publish()
+        self.driver.updates += 1
+        rescored = resident[~np.isnan(self.table.ready_s[resident])]
+        self._publish(rescored, at, finished)
 
     def fire_due(self) -> None:
         """Events that fired before the step loop resumed at the kernel's clock, in SimPy's order."""

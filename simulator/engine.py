@@ -6,7 +6,7 @@ composes the step (admission, prefill chunks, decode choice), the engine profile
 the null driver without a predictor) publishes estimates, charges costs and runs online updates
 on a separate CPU worker process. Rows are numbered in (arrival time, trace row) order, which
 makes "row order" the FCFS order and the final tie-break of every sort. Semantics:
-``docs/semantics.md``.
+``docs/semantics.md`` (the step clock: its "Step clock" section).
 
 A step = prefill of the requests admitted this step (their first output token) + one decode token
 for up to ``decode_slots`` resident requests: first those forced by the wait cap, then the
@@ -29,7 +29,7 @@ from simulator.compiled import KERNELS, CompiledRun, note_fallback, unsupported
 from simulator.config import EngineConfig
 from simulator.prediction import NoPrediction, PredictionDriver
 from simulator.profiles.base import EngineProfile
-from simulator.requests import NOT_YET, RequestTable
+from simulator.requests import NOT_YET, RequestTable, clock_step
 from simulator.scheduler import Scheduler, SimulationStalled
 
 #: the paper's vLLM setup (512 resident, 64 decode slots); frozen, so one instance serves every default
@@ -81,6 +81,9 @@ class RunResult:
     admit_s: np.ndarray
     first_token_s: np.ndarray
     finish_s: np.ndarray
+    admit_step: np.ndarray            # step indices (docs/semantics.md "Step clock"; simulator.requests.clock_step)
+    first_token_step: np.ndarray
+    finish_step: np.ndarray
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
     predicted_tokens: np.ndarray      # first estimate (nan for no predictor)
@@ -101,17 +104,32 @@ class RunResult:
         return float(np.nanmax(self.finish_s)) if len(self.finish_s) else 0.0
 
 
+def check_step_clock(arrival_s: np.ndarray, profile: EngineProfile, charge_cost: bool) -> None:
+    """The step clock's preconditions: integer arrival steps, unit-time steps, nothing charged on top
+    (so the clock is an integer at every step start and counts ticks exactly)."""
+    from simulator.profiles.unit import UnitProfile
+
+    if type(profile) is not UnitProfile:
+        raise ValueError(f"the step clock needs the unit engine profile (every step 1.0), got {profile.name!r}")
+    if charge_cost:
+        raise ValueError("the step clock charges no predictor cost (a step lasts 1.0 whatever it holds)")
+    if len(arrival_s) and not (np.floor(arrival_s) == arrival_s).all():
+        raise ValueError("the step clock needs integer arrival steps")
+
+
 class Simulation:
     """One run: a workload with arrival times, a policy, a predictor, an engine profile.
 
     The predictor is bound to the run's workload here, once (rows in arrival order; the true
-    output lengths hidden unless the predictor is an oracle); a Simulation runs once."""
+    output lengths hidden unless the predictor is an oracle); a Simulation runs once.
+    ``step_clock``: arrival times are step indices and every step lasts 1.0 (the unit profile, no
+    predictor cost charged), so each step is recorded under its tick (docs/semantics.md "Step clock")."""
 
     def __init__(self, workload: Trace, arrival_s: np.ndarray, *, policy: Policy, predictor: Predictor | None,
                  profile: EngineProfile, config: EngineConfig = DEFAULT_ENGINE_CONFIG, seed: int = 0,
                  charge_cost: bool = True, record_steps: bool = False,
                  progress: Callable[[int, int], None] | None = None, closed_loop: int | None = None,
-                 kernel: str = "reference"):
+                 kernel: str = "reference", step_clock: bool = False):
         if kernel not in KERNELS:
             raise ValueError(f"unknown kernel {kernel!r} (known: {', '.join(KERNELS)})")
         arrival_s = np.asarray(arrival_s, dtype=np.float64)
@@ -119,6 +137,8 @@ class Simulation:
             raise ValueError(f"need one arrival time per request ({len(workload)}), got {arrival_s.shape}")
         if not np.isfinite(arrival_s).all() or (arrival_s < 0).any():
             raise ValueError("arrival times must be finite and >= 0")
+        if step_clock:
+            check_step_clock(arrival_s, profile, charge_cost)
         if policy.uses_predictions and predictor is None:
             raise ValueError(f"policy {policy.name!r} needs a predictor")
         if closed_loop is not None and (not isinstance(closed_loop, (int, np.integer)) or closed_loop < 1):
@@ -137,7 +157,7 @@ class Simulation:
             self.arrival[self.closed_loop:] = np.inf
         self.policy, self.predictor, self.profile, self.config = policy, predictor, profile, config
         self.charge_cost, self.record_steps, self.progress = charge_cost, record_steps, progress
-        self.kernel = kernel
+        self.kernel, self.step_clock = kernel, step_clock
         if predictor is not None:
             shown = self.workload if predictor.sees_true_lengths else self.workload.without_lengths()
             predictor.bind(shown, np.random.default_rng(seed))
@@ -159,7 +179,8 @@ class Simulation:
         else:
             cost = self.predictor_cost
             assert cost is not None   # a predictor always has a cost (FREE at least)
-            driver = PredictionDriver(self.predictor, cost, table, charge_cost=self.charge_cost)
+            driver = PredictionDriver(self.predictor, cost, table, charge_cost=self.charge_cost,
+                                      publish_at_once=self.step_clock)
         view = SchedulerView(now=0.0, arrival_s=table.arrival, predicted=table.predicted,
                              generated=table.generated, output_kind=driver.output_kind, step=0,
                              last_served=table.last_served, first_predicted=table.first_predicted)
@@ -192,7 +213,8 @@ class Simulation:
             raise RuntimeError(f"simulation ended with {n - table.finished} unfinished requests")
         return RunResult(
             workload=wl, rows_request_id=wl.request_id, arrival_s=table.arrival, admit_s=table.admit_s,
-            first_token_s=table.first_token_s, finish_s=table.finish_s, prompt_tokens=table.prompt,
+            first_token_s=table.first_token_s, finish_s=table.finish_s, admit_step=table.admit_step,
+            first_token_step=table.first_token_step, finish_step=table.finish_step, prompt_tokens=table.prompt,
             output_tokens=table.length, predicted_tokens=table.first_predicted, predicted_ready_s=table.ready_s,
             forced_steps=table.forced_steps, steps=state["steps"], gpu_s_charged=driver.gpu_s,
             predictor_cpu_s=driver.cpu_s, updates_published=driver.updates, sim_cpu_s=sim_cpu_s,
@@ -219,8 +241,8 @@ class Simulation:
             if log is not None:
                 log.record(now, duration, batch, arrived, cfg.max_resident)
             yield env.timeout(duration)
-            done = table.land(step, now, env.now, batch.chosen, batch.n_forced, batch.admit, batch.first,
-                              batch.prefill_tokens)
+            done = table.land(step, clock_step(step, now, self.step_clock), now, env.now, batch.chosen,
+                              batch.n_forced, batch.admit, batch.first, batch.prefill_tokens)
             driver.after_step(batch.first, batch.chosen, now, duration)
             table.retire(done, batch.first, env.now, scheduler.ordered_admission)
             if log is not None:

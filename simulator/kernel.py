@@ -229,8 +229,9 @@ def _heap_pop(hk, hr, size):
 
 def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered, keys_on,
                decode_slots, wait_cap, prefill_budget, decodes_in_budget, kv_budget, max_resident, chunked,
-               lock_c, kind, pi, pf,
+               lock_c, kind, pi, pf, step_clock,
                generated, last_served, forced_steps, admitted, admit_s, first_token_s, finish_s,
+               admit_step, first_token_step, finish_step,
                first_predicted, ready_s, prefilled, resident, hk, hr, scratch_rows, chosen, admit, firsts,
                err, ord_rows, ord_keys, lru_prev, lru_next, rekey, done_rows, fb_rows, fb_ends, gc, ist, fst):
     """Advance the engine up to ``max_steps`` steps (``simulator.engine.Simulation._step_loop``)."""
@@ -488,6 +489,7 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
         charge = 0.0
         end = now + duration
         # land (RequestTable.land) and retire (RequestTable.retire)
+        tick = int(now) if step_clock else step   # simulator.requests.clock_step
         n_done = 0
         for j in range(n_chosen):
             r = chosen[j]
@@ -500,15 +502,18 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
             r = chosen[j]
             if generated[r] >= length[r]:
                 finish_s[r] = end
+                finish_step[r] = tick
                 done_rows[n_done] = r
                 n_done += 1
                 kv_used -= prompt[r] + length[r]
         for j in range(n_admit):
             admit_s[admit[j]] = now
+            admit_step[admit[j]] = tick
         kv_used += prefill_tokens
         for j in range(n_first):
             r = firsts[j]
             first_token_s[r] = end
+            first_token_step[r] = tick
             generated[r] = 1
             last_served[r] = step
         kv_used += n_first
@@ -516,6 +521,7 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
             r = firsts[j]
             if length[r] <= 1:
                 finish_s[r] = end
+                finish_step[r] = tick
                 done_rows[n_done] = r
                 n_done += 1
                 kv_used -= prompt[r] + length[r]

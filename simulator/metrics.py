@@ -11,8 +11,9 @@ from simulator.engine import RunResult
 
 LONG_REQUEST_TOKENS = 1024
 
-REQUEST_COLUMNS = ("request_id", "arrival_s", "admit_s", "first_token_s", "finish_s", "output_tokens",
-                   "prompt_tokens", "predicted_tokens", "forced_steps")
+REQUEST_COLUMNS = ("request_id", "arrival_s", "admit_s", "first_token_s", "finish_s", "admit_step",
+                   "first_token_step", "finish_step", "output_tokens", "prompt_tokens", "predicted_tokens",
+                   "forced_steps")
 
 #: Summary fields measured on this machine rather than simulated: shown on the console, never
 #: written to result files, so that the same seed writes the same bytes.
@@ -46,6 +47,9 @@ def requests_table(result: RunResult) -> pa.Table:
         "admit_s": pa.array(result.admit_s, pa.float64()),
         "first_token_s": pa.array(result.first_token_s, pa.float64()),
         "finish_s": pa.array(result.finish_s, pa.float64()),
+        "admit_step": pa.array(result.admit_step, pa.int64()),
+        "first_token_step": pa.array(result.first_token_step, pa.int64()),
+        "finish_step": pa.array(result.finish_step, pa.int64()),
         "output_tokens": pa.array(result.output_tokens, pa.int32()),
         "prompt_tokens": pa.array(result.prompt_tokens, pa.int32()),
         "predicted_tokens": pa.array(result.predicted_tokens, pa.float64(), from_pandas=True),

@@ -57,8 +57,12 @@ class NoPrediction:
 class PredictionDriver(NoPrediction):
     """Drives one bound predictor over one run's request table."""
 
-    def __init__(self, predictor: Predictor, cost: PredictorCost, table: RequestTable, *, charge_cost: bool):
+    def __init__(self, predictor: Predictor, cost: PredictorCost, table: RequestTable, *, charge_cost: bool,
+                 publish_at_once: bool = False):
         self.predictor, self.cost, self.table, self.charge_cost = predictor, cost, table, charge_cost
+        # the step clock: an online update is published at the end of the step whose finishes complete
+        # its batch, before the next step schedules (docs/semantics.md "Step clock"), not by the CPU worker
+        self.publish_at_once = publish_at_once
         self.output_kind = predictor.output
         self.scores_at_arrival = predictor.stage == "arrival"
         self.at_prefill = predictor.stage == "prefill"
@@ -144,7 +148,9 @@ class PredictionDriver(NoPrediction):
     def feedback(self, done: np.ndarray) -> None:
         if len(done):
             update = self.predictor.feedback(done, self.table.length[done])
-            if update is not None:
+            if update is not None and self.publish_at_once:
+                self._publish(update)
+            elif update is not None:
                 self.updates_store.put(update)
 
     def _cpu_worker(self):
@@ -155,9 +161,13 @@ class PredictionDriver(NoPrediction):
             self.cpu_s += cpu
             if cpu > 0:
                 yield self.env.timeout(cpu)
-            update.publish()
-            self.updates += 1
-            t = self.table
-            rescored = t.resident[~np.isnan(t.ready_s[t.resident])]
-            if len(rescored):
-                t.set_predictions(rescored, self._predict(rescored), self.env.now)
+            self._publish(update)
+
+    def _publish(self, update: PendingUpdate) -> None:
+        """The update's weights go live; every resident request with an estimate is re-scored."""
+        update.publish()
+        self.updates += 1
+        t = self.table
+        rescored = t.resident[~np.isnan(t.ready_s[t.resident])]
+        if len(rescored):
+            t.set_predictions(rescored, self._predict(rescored), self.env.now)

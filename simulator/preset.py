@@ -6,7 +6,8 @@ and no wait cap is needed), ``max_num_batched_tokens`` tokens per step shared by
 prefill chunks (-> prefill token budget, decodes counted against it), chunked prefill as the
 recording had it (V1 default: on). Settings vLLM itself would refuse are refused here too, before
 any run: a token budget below max_num_seqs, a budget below max_model_len without chunked prefill,
-a KV cache (kv_blocks x kv_block_size) that cannot hold one max_model_len sequence.
+a KV cache (kv_blocks x kv_block_size) that cannot hold one max_model_len sequence. A serving
+run (``leap-serve``, metadata ``serving``) gets the live scheduler's own caps instead.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import overload
 
 from core.trace import Trace
 from simulator.engine import EngineConfig
+from simulator.serving import is_serving, serving_engine_config
 
 VLLM_DEFAULT_MAX_NUM_SEQS = 256
 VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
@@ -45,7 +47,12 @@ def _positive(trace: Trace, source: dict, key: str, default: int | None) -> int 
 
 
 def recorded_engine_config(trace: Trace) -> EngineConfig:
-    """The EngineConfig of the recording's own vLLM settings; refuses settings that contradict."""
+    """The EngineConfig of the recording's own vLLM settings; refuses settings that contradict. A
+    serving run (``leap-serve``) ran the project's scheduler inside vLLM: its resident cap, decode
+    slots and wait cap are the live scheduler's (:func:`simulator.serving.serving_engine_config`)."""
+    if is_serving(trace):
+        _engine_args(trace)
+        return serving_engine_config(trace)
     args = _engine_args(trace)
     details = trace.metadata["backend_details"]
     seqs = _positive(trace, args, "max_num_seqs", VLLM_DEFAULT_MAX_NUM_SEQS)

@@ -12,6 +12,14 @@ import numpy as np
 from core.trace import Trace
 
 NOT_YET = np.nan
+NO_STEP = -1   # a step column's value until the event happens (every request finishes in a run)
+
+
+def clock_step(step: int, now: float, step_clock: bool) -> int:
+    """The index a step's events are recorded under (docs/semantics.md, "Step clock"): under the
+    step clock the tick the step runs in (unit-time steps counted from 0, idle ticks included: the
+    clock's value at the step's start); under the seconds clock the number of steps executed before it."""
+    return int(now) if step_clock else step
 
 
 class RequestTable:
@@ -31,6 +39,9 @@ class RequestTable:
         self.admit_s = np.full(n, NOT_YET)
         self.first_token_s = np.full(n, NOT_YET)
         self.finish_s = np.full(n, NOT_YET)
+        self.admit_step = np.full(n, NO_STEP, dtype=np.int64)        # step whose schedule first prefills it
+        self.first_token_step = np.full(n, NO_STEP, dtype=np.int64)  # step that emits its first token
+        self.finish_step = np.full(n, NO_STEP, dtype=np.int64)       # step that emits its last token
         self.last_served = np.zeros(n, dtype=np.int64)           # step of the last decode (or prefill)
         self.forced_steps = np.zeros(n, dtype=np.int64)
         self.admitted = np.zeros(n, dtype=bool)
@@ -53,9 +64,10 @@ class RequestTable:
             self.first_predicted[fresh] = self.predicted[fresh]
             self.ready_s[fresh] = now
 
-    def land(self, step: int, start: float, end: float, chosen: np.ndarray, n_forced: int, admit: np.ndarray,
-             first: np.ndarray, prefill_tokens: int) -> np.ndarray:
-        """Decode tokens and first tokens land at the end of the step; returns the rows now done."""
+    def land(self, step: int, tick: int, start: float, end: float, chosen: np.ndarray, n_forced: int,
+             admit: np.ndarray, first: np.ndarray, prefill_tokens: int) -> np.ndarray:
+        """Decode tokens and first tokens land at the end of the step (recorded under ``tick``,
+        :func:`clock_step`); returns the rows now done."""
         generated, length, last_served = self.generated, self.length, self.last_served
         generated[chosen] += 1
         last_served[chosen] = step
@@ -64,15 +76,18 @@ class RequestTable:
         done = chosen[generated[chosen] >= length[chosen]]
         if len(admit):
             self.admit_s[admit] = start
+            self.admit_step[admit] = tick
         self.kv_used += prefill_tokens
         if len(first):   # prompts completed this step emit their first token
             self.first_token_s[first] = end
+            self.first_token_step[first] = tick
             generated[first] = 1
             last_served[first] = step
             self.kv_used += len(first)
             one_token = first[length[first] <= 1]
             if len(one_token):
                 done = np.concatenate([done, one_token])
+        self.finish_step[done] = tick
         return done
 
     def retire(self, done: np.ndarray, first: np.ndarray, end: float, keep_row_order: bool) -> None:

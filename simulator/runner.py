@@ -22,6 +22,7 @@ from simulator.engine import EngineConfig, RunResult, Simulation
 from simulator.metrics import summarize
 from simulator.preset import recorded_engine_config, recorded_window
 from simulator.profiles import DEFAULT_PROFILE, make_profile
+from simulator.serving import is_serving, with_source_features
 from simulator.workload import ArrivalSpec, make_arrivals
 
 NO_PREDICTOR = "none"
@@ -82,6 +83,12 @@ class RunConfig:
                                  "replayed as recorded, no capacity is measured")
         elif self.load is None or not np.isfinite(self.load) or self.load <= 0:
             raise ValueError(f"load must be a positive multiple of capacity, got {self.load}")
+        if self.arrivals.step_clock and self.engine != "unit":
+            raise ValueError(f"--arrivals steps runs the step clock: every step lasts 1.0 (--engine unit), "
+                             f"not --engine {self.engine}")
+        if self.arrivals.step_clock and self.charge_cost:
+            raise ValueError("--arrivals steps runs the step clock: no predictor cost is charged "
+                             "(--predictor-cost none)")
         if self.requests is not None and self.requests < 1:
             raise ValueError(f"--requests must be >= 1, got {self.requests}")
         if self.tile is not None and self.tile < 1:
@@ -198,6 +205,8 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
     predictor = None if config.predictor == NO_PREDICTOR else make_predictor(config.predictor, config.predictor_options)
     if predictor is None and policy.uses_predictions:
         raise ValueError(f"policy {config.policy!r} needs a predictor (--predictor)")
+    if predictor is not None and not predictor.sees_true_lengths and is_serving(trace):
+        workload = with_source_features(workload)   # a serving trace holds no hidden states of its own
     profile = make_profile(config.engine, trace)
     engine_config = config.engine_config_for(trace)
     check_kv_budget(workload, engine_config)
@@ -217,7 +226,8 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
     # binds the predictor (trains or loads it), so a bad training trace fails before any output
     sim = Simulation(workload, arrival_s, policy=policy, predictor=predictor, profile=profile,
                      config=engine_config, seed=config.seed, charge_cost=config.charge_cost,
-                     record_steps=record_steps, progress=progress, closed_loop=window, kernel=config.kernel)
+                     record_steps=record_steps, progress=progress, closed_loop=window, kernel=config.kernel,
+                     step_clock=config.arrivals.step_clock)
     resolved = {
         **config.describe(),
         "trace_name": trace.name,

@@ -10,6 +10,7 @@ import numpy as np
 from core.arrivals import read_timestamps_csv, rescale_to_rate
 from core.io import shareable_path
 from core.trace import Trace
+from simulator.stepclock import step_arrivals
 
 
 @dataclass(frozen=True)
@@ -18,9 +19,10 @@ class ArrivalSpec:
 
     Rate-driven (scaled to ``--load`` x capacity): ``poisson``, ``trace`` (the trace's own times,
     stretched), a CSV file of timestamps. As recorded (no load, no capacity): ``recorded`` (each
-    request at its own ``arrival_s`` minus the first, unscaled; ties in row order) and ``closed:N``
+    request at its own ``arrival_s`` minus the first, unscaled; ties in row order), ``closed:N``
     (closed loop: N requests in flight, the next submitted when one finishes; ``closed`` alone
-    takes N from the recording's metadata).
+    takes N from the recording's metadata) and ``steps`` (the step clock: each request at its
+    ``arrival_step``, unit-time steps; :mod:`simulator.stepclock`).
     """
 
     kind: str = "poisson"
@@ -28,14 +30,14 @@ class ArrivalSpec:
     window: int | None = None   # closed loop: requests in flight (None: the recording's own)
 
     def __post_init__(self) -> None:
-        if self.kind not in ("poisson", "trace", "csv", "recorded", "closed"):
+        if self.kind not in ("poisson", "trace", "csv", "recorded", "closed", "steps"):
             raise ValueError(f"unknown arrival kind {self.kind!r}")
         if self.window is not None and (self.kind != "closed" or self.window < 1):
             raise ValueError(f"--arrivals closed:N needs N >= 1, got {self.window}")
 
     @classmethod
     def parse(cls, text: str) -> ArrivalSpec:
-        if text in ("poisson", "trace", "recorded", "closed"):
+        if text in ("poisson", "trace", "recorded", "closed", "steps"):
             return cls(text)
         if text.startswith("closed:"):
             raw = text[len("closed:"):]
@@ -48,8 +50,8 @@ class ArrivalSpec:
             return cls("closed", window=window)
         path = Path(text)
         if path.suffix.lower() != ".csv":
-            raise ValueError(f"--arrivals {text!r}: expected 'poisson', 'trace', 'recorded', 'closed[:N]' or a "
-                             ".csv file of timestamps")
+            raise ValueError(f"--arrivals {text!r}: expected 'poisson', 'trace', 'recorded', 'closed[:N]', 'steps' "
+                             "or a .csv file of timestamps")
         if not path.is_file():
             raise ValueError(f"--arrivals {text}: no such file")
         return cls("csv", path)
@@ -57,7 +59,12 @@ class ArrivalSpec:
     @property
     def as_recorded(self) -> bool:
         """Replayed as recorded: no load multiple, no capacity measured."""
-        return self.kind in ("recorded", "closed")
+        return self.kind in ("recorded", "closed", "steps")
+
+    @property
+    def step_clock(self) -> bool:
+        """Arrivals in engine steps, every step 1.0 (docs/semantics.md "Step clock")."""
+        return self.kind == "steps"
 
     def describe(self) -> str:
         if self.kind == "csv" and self.csv_path is not None:
@@ -86,6 +93,8 @@ def make_arrivals(spec: ArrivalSpec, workload: Trace, rate: float | None, seed: 
         return recorded_arrivals(workload)
     if spec.kind == "closed":
         return np.zeros(n)
+    if spec.kind == "steps":
+        return step_arrivals(workload)
     if rate is None:
         raise ValueError(f"--arrivals {spec.kind} needs an arrival rate")
     if spec.kind == "poisson":

@@ -53,8 +53,8 @@ class QueueAwareCharged(FixedPredictor):
     def cost(self, hardware=None):
         return PredictorCost(gpu_s_per_call=0.013, gpu_s_per_request=0.0021, gpu_s_per_prompt_token=1.7e-5)
 
-ARRAYS = ("arrival_s", "admit_s", "first_token_s", "finish_s", "predicted_tokens", "predicted_ready_s",
-          "forced_steps", "rows_request_id", "output_tokens")
+ARRAYS = ("arrival_s", "admit_s", "first_token_s", "finish_s", "admit_step", "first_token_step", "finish_step",
+          "predicted_tokens", "predicted_ready_s", "forced_steps", "rows_request_id", "output_tokens")
 SCALARS = ("steps", "contended_steps", "mae_in_use", "gpu_s_charged", "predictor_cpu_s", "updates_published")
 
 
@@ -308,11 +308,67 @@ def test_compiled_matches_reference_with_leap_rls(trace, load, charge):
     assert result.updates_published > 10
 
 
+@pytest.mark.parametrize("predictor", ["leap", "leap-rls"])
+def test_compiled_matches_reference_on_the_step_clock_with_leap(predictor):
+    """The step clock on a recorded trace under the live runs' caps (64 resident, 16 decode slots,
+    wait cap 128, 2048 tokens shared by decodes and chunks): LEAP's estimates after prefill and
+    LEAP+RLS's updates published at the end of the step whose finishes complete a batch of 8."""
+    from core.trace import load_trace
+    from predictors import make_predictor
+    from predictors.base import PredictorOptions
+    from simulator.engine import EngineConfig
+
+    wl = load_trace("alpaca").take(np.arange(200))
+    gaps = np.random.default_rng(0).exponential(1 / 0.09, size=200)
+    arrival = np.floor(np.concatenate([[0.0], np.cumsum(gaps[:-1])]))
+    config = EngineConfig(max_resident=64, decode_slots=16, prefill_token_budget=2048, wait_cap=128,
+                          chunked_prefill=True, decodes_in_budget=True)
+    runs = []
+    for kernel in ("reference", "compiled"):
+        sim = Simulation(wl, arrival, policy=make_policy("countdown"),
+                         predictor=make_predictor(predictor, PredictorOptions(train_trace="lmsys")),
+                         profile=UnitProfile(), config=config, charge_cost=False, kernel=kernel, step_clock=True)
+        assert kernel == "reference" or unsupported(sim) is None
+        runs.append(sim.run())
+    assert_identical(*runs)
+    assert runs[0].contended_steps > 100 and (predictor == "leap" or runs[0].updates_published > 10)
+
+
 @settings(max_examples=300, **HYPO)
 @given(vllm_cases(policies=("fcfs", "countdown", "trail-preemption"), predictors=("oracle", "noisy", "fixed")))
 def test_compiled_matches_reference_under_vllm_v1_scheduling(case):
     profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
     assert_identical(simulate(case, "reference", profile), simulate(case, "compiled", profile))
+
+
+@settings(max_examples=150, **HYPO)
+@given(vllm_cases(policies=("fcfs", "countdown"), predictors=("oracle", "fixed"), step_times=("unit",)),
+       st.sampled_from(["static", "prefill", "online"]))
+def test_compiled_matches_reference_on_the_step_clock(case, estimates):
+    """The step clock (docs/semantics.md "Step clock"): whole-step arrivals, unit steps, nothing
+    charged; ticks (idle ones included) recorded in the step columns identically, with estimates
+    fixed at bind time, published after prefill, or learnt online."""
+    case.arrival = [float(int(a)) for a in case.arrival]
+    case.closed_loop = None
+    if estimates == "static" or case.fixed is None:
+        def predictor():
+            return make_predictor_for(case)
+    elif estimates == "prefill":
+        def predictor():
+            return PrefillStage(case.fixed, 0.0, 1.0)
+    else:
+        def predictor():
+            return OnlineLearning(case.fixed, 0.0, 1.0, 2, (0.0,))
+    runs = []
+    for kernel in ("reference", "compiled"):
+        wl = trace_from_arrays("hypo", case.prompt, case.output)
+        sim = Simulation(wl, np.asarray(case.arrival, dtype=np.float64), policy=make_policy(case.policy),
+                         predictor=predictor(), profile=UnitProfile(), config=case.config, seed=case.seed,
+                         kernel=kernel, charge_cost=False, step_clock=True)
+        assert kernel == "reference" or unsupported(sim) is None
+        runs.append(sim.run())
+    assert_identical(*runs)
+    assert (runs[0].finish_step == runs[0].finish_s - 1).all()   # a step's tick is the clock at its start
 
 
 @settings(max_examples=100, **HYPO)

@@ -73,6 +73,7 @@ def test_out_dir_files_and_byte_identical_reruns(tmp_path):
     assert a != c
     table = pq.read_table(tmp_path / "a" / "requests.parquet")
     assert table.column_names == ["request_id", "arrival_s", "admit_s", "first_token_s", "finish_s",
+                                  "admit_step", "first_token_step", "finish_step",
                                   "output_tokens", "prompt_tokens", "predicted_tokens", "forced_steps"]
     assert table.num_rows == 300
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
@@ -108,7 +109,7 @@ def test_table_output(capsys):
     (["--trace", "nope"], "not a file and not a bundled trace"),
     (["--decode-slots", "0"], "must be >= 1"),
     (["--requests", "ten"], "expected an integer"),
-    (["--arrivals", "bursty"], "expected 'poisson', 'trace', 'recorded', 'closed[:N]' or a .csv"),
+    (["--arrivals", "bursty"], "expected 'poisson', 'trace', 'recorded', 'closed[:N]', 'steps' or a .csv"),
     (["--arrivals", "recorded"], "trace 'sharegpt-lengths' has no recorded arrival_s"),
     (["--arrivals", "closed:0"], "closed loop needs N >= 1"),
     (["--arrivals", "closed:-3"], "closed loop needs N >= 1"),

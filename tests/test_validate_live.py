@@ -26,14 +26,17 @@ from experiments.validate_serving import (
     serving_report_section,
     validate_serving_runs,
 )
+from simulator.stepclock import trace_clock
 
 LIVE = traces_dir() / "live"
 
 
 def committed_runs() -> list[Path]:
-    """The real live runs (alpaca200-*) once committed; until then the small CI runs (alpaca40-*)."""
+    """The real live runs (alpaca200-*) once committed; until then the small CI runs (alpaca40-*).
+    Wall-clock runs only: step-clocked ones are checked decision by decision (test_stepclock_replay)."""
     for pattern in ("alpaca200-*.parquet", "alpaca40-*.parquet"):
-        runs = sorted(p for p in LIVE.glob(pattern) if not p.name.endswith(SIDE_TABLE_SUFFIXES))
+        runs = sorted(p for p in LIVE.glob(pattern) if not p.name.endswith(SIDE_TABLE_SUFFIXES)
+                      and trace_clock(load_trace(p)) == "seconds")
         if len(runs) >= 2:
             return runs
     raise AssertionError("no serving runs committed under traces/live/ (alpaca200-* or alpaca40-*)")

@@ -1,0 +1,35 @@
+"""CI's hold on decision-level equality (issue 20, docs/semantics.md "Step clock"): every committed
+step-clocked serving run under traces/live/ (``*-steps-*.parquet``, found by glob so that new runs
+are covered without editing) is replayed by the simulator alone (no vLLM) and every request's
+finish step must equal the live one: all of them for FCFS and oracle countdown, at least 99% for
+leap and leap-rls (their estimates come from the live engine's float hidden states).
+
+No step-clocked run found is a failure, not a skip: the runs are part of the repository."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.trace import load_trace, traces_dir
+from experiments.validate_serving import SIDE_TABLE_SUFFIXES
+from experiments.validate_steps import TARGETS, validate_step_run
+from simulator.stepclock import trace_clock
+
+LIVE = traces_dir() / "live"
+RUNS = sorted(p for p in LIVE.glob("*-steps-*.parquet") if not p.name.endswith(SIDE_TABLE_SUFFIXES))
+
+
+def test_step_clocked_runs_are_committed():
+    assert RUNS, f"no step-clocked serving run (*-steps-*.parquet) under {LIVE.name}/: record them with leap-serve --clock steps"
+
+
+@pytest.mark.parametrize("path", RUNS, ids=[p.stem for p in RUNS])
+def test_replay_finishes_every_request_at_the_live_step(path):
+    trace = load_trace(path)
+    assert trace_clock(trace) == "steps", f"{path.name} is named like a step-clocked run but serving.clock is not 'steps'"
+    row = validate_step_run(trace)
+    target = TARGETS[row["predictor"]]
+    shown = row["finish_step_mismatches"][:10]
+    assert row["finish_step_match_share"] >= target, (
+        f"{path.name}: {row['finish_step_match_share']:.2%} of finish steps equal (target {target:.0%}); "
+        f"first divergence at step {row['first_divergence_step']}; mismatches {shown}")
