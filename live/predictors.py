@@ -111,6 +111,7 @@ class LeapRLSLive(LeapLive):
         self.update_cpu_s: list[float] = []          # thread CPU time per update
         self.update_rows: list[int] = []
         self.rescore_s: list[float] = []
+        self.on_publish = None          # called on the RLS thread after each publish (served plugin: a log line)
         self._thread = threading.Thread(target=self._work, name="leap-rls", daemon=True)
         self._thread.start()
 
@@ -143,6 +144,8 @@ class LeapRLSLive(LeapLive):
             self.update_rows.append(len(y))
             version += 1
             self._published = (version, theta)
+            if self.on_publish is not None:
+                self.on_publish(version, len(y), self.update_cpu_s[-1])
 
     def has_update(self) -> bool:
         return self._published[0] > self._seen_version
