@@ -51,6 +51,8 @@ class StatsLog:
 
     def after_step(self, scheduler) -> None:
         """Fold the completed steps into the running totals; log when due or when the engine went idle."""
+        if not self.steps:              # a busy period starts: the interval counts from its first step
+            self.last_log = time.monotonic()
         self._consume(scheduler)
         idle = not scheduler.has_requests()
         due = self.interval_s > 0 and time.monotonic() - self.last_log >= self.interval_s
