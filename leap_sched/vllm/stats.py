@@ -29,7 +29,7 @@ class StatsLog:
         self.last_log = time.monotonic()
         cfg = scheduler.leap_config
         self.label = f"{cfg.policy}/{cfg.predictor}, {cfg.decode_slots} of {cfg.max_resident} decode"
-        self.source = "the hook" if cfg.needs_hook else "arrival"
+        self.source = "the hook" if cfg.needs_hook else None if cfg.predictor == "none" else "arrival"
         self._reset()
         pred = scheduler.leap_predictor
         if hasattr(pred, "on_publish"):
@@ -84,8 +84,9 @@ class StatsLog:
     def line(self, scheduler) -> str:
         order = np.asarray(self.order_s) * 1e3
         share = 100.0 * float(np.sum(self.order_s)) / self.step_s if self.step_s > 0 else float("nan")
-        text = (f"leap_sched: {self.label}: {self.steps} steps, {self.finished} finished "
-                f"({self.estimated} estimated by {self.source}, {self.finished - self.estimated} on the prior), "
+        estimates = (f" ({self.estimated} estimated by {self.source}, {self.finished - self.estimated} on the prior)"
+                     if self.source else "")
+        text = (f"leap_sched: {self.label}: {self.steps} steps, {self.finished} finished{estimates}, "
                 f"{self.held} decodes held back, {self.forced} forced by the wait cap, ordering "
                 f"{np.median(order):.2f} ms median / {order.max():.2f} ms max ({share:.1f}% of step time)")
         stats = scheduler.leap_predictor_stats()
