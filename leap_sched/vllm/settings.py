@@ -4,7 +4,7 @@ The ``leap`` entry of ``--additional-config`` holds :class:`live.config.LiveSche
 fields (``max_resident`` defaults to ``--max-num-seqs``) plus ``allow_untested_vllm`` and
 ``log_interval_s``. Everything the plugin cannot honour stops the engine at start-up: the
 setting errors ``LiveSchedulerConfig`` refuses, a read-out for another model (hidden size, layer
-count, model id), tensor or pipeline parallelism, an executor other than the plugin's
+count, model id), ordered admission with vLLM's priority policy, tensor or pipeline parallelism, an executor other than the plugin's
 (``leap_sched.vllm.Executor``), and a hook predictor without eager mode or the worker extension.
 In vLLM's engine-core process a refusal is one line on stderr and exit status 2 (vLLM's front end
 then reports that the engine core failed to start); where vLLM runs in the caller's process it is
@@ -76,6 +76,9 @@ def scheduler_config(vllm_config) -> LiveSchedulerConfig:
     if cfg.max_resident != max_num_seqs:
         raise LiveConfigError(f"max_resident ({cfg.max_resident}) differs from --max-num-seqs ({max_num_seqs}): "
                               "vLLM's resident cap is max_num_seqs; drop max_resident or make them equal")
+    if cfg.orders_admission and vllm_config.scheduler_config.policy != "fcfs":
+        raise LiveConfigError(f"--scheduling-policy {vllm_config.scheduler_config.policy}: ordered admission re-sorts "
+                              "vLLM's fcfs waiting queue; leave the policy at fcfs or set ordered_admission false")
     parallel = vllm_config.parallel_config
     if parallel.tensor_parallel_size * parallel.pipeline_parallel_size > 1:
         raise LiveConfigError(f"tensor/pipeline parallel size {parallel.tensor_parallel_size}x"
