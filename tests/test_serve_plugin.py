@@ -211,8 +211,10 @@ def test_countdown_oracle_two_slots_finishes_shortest_first(server_factory):
     order, tokens = send(server, lengths, one_by_one=False)
     assert tokens == lengths                                         # forced lengths honoured
     assert [lengths[i] for i in order] == sorted(lengths)
-    m = server.wait_for_line(r"leap_sched: countdown/oracle, 2 of 8 decode: \d+ steps, (\d+) finished")
-    assert int(m.group(1)) == len(lengths)
+    m = server.wait_for_line(r"leap_sched: countdown/oracle, 2 of 8 decode: \d+ steps, (\d+) finished "
+                             r"\((\d+) estimated by arrival, 0 on the prior\), (\d+) decodes held back")
+    assert int(m.group(1)) == int(m.group(2)) == len(lengths)
+    assert int(m.group(3)) > 0              # the 2 slots held requests back (all decoding would end in the same order)
     server.wait_for_line(r"leap_sched: countdown/oracle, 2 of 8 decode, over vLLM's Scheduler")
 
 
