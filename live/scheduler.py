@@ -69,17 +69,19 @@ class _Stats:
     step_s: list = field(default_factory=list)
 
 
+def _generated(request) -> int:
+    """Output tokens produced or in flight: under async scheduling a token scheduled in the step
+    still running is a placeholder, so both bases see the same count at the same decision (and a
+    request whose last token is in flight is done, as a finished one is in the synchronous base)."""
+    return request.num_output_tokens + request.num_output_placeholders
+
+
 class LeapScheduler(Scheduler):
     """vLLM's Scheduler with the project's policies deciding which residents decode each step."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        extra = self.vllm_config.additional_config
-        raw = extra.get(CONFIG_KEY) if isinstance(extra, dict) else None
-        if raw is None:
-            raise ValueError(f"LeapScheduler needs additional_config[{CONFIG_KEY!r}]: build the engine "
-                             "arguments with live.config.LiveSchedulerConfig(...).to_engine_args()")
-        cfg = LiveSchedulerConfig.from_dict(raw)
+        cfg = self._leap_read_config()
         if self.max_num_running_reqs != cfg.max_resident:
             raise ValueError(f"max_num_seqs ({self.max_num_running_reqs}) differs from the live config's "
                              f"max_resident ({cfg.max_resident})")
@@ -99,6 +101,15 @@ class LeapScheduler(Scheduler):
         self._leap_t_start = 0.0
         self._leap_finished: dict[str, list] = {"request_id": [], "finish_step": [], "output_tokens": [],
                                                 "first_predicted": [], "seq": []}
+
+    def _leap_read_config(self) -> LiveSchedulerConfig:
+        """The live config from ``additional_config`` (the served plugin reads its own key)."""
+        extra = self.vllm_config.additional_config
+        raw = extra.get(CONFIG_KEY) if isinstance(extra, dict) else None
+        if raw is None:
+            raise ValueError(f"LeapScheduler needs additional_config[{CONFIG_KEY!r}]: build the engine "
+                             "arguments with live.config.LiveSchedulerConfig(...).to_engine_args()")
+        return LiveSchedulerConfig.from_dict(raw)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request) -> None:
@@ -203,8 +214,8 @@ class LeapScheduler(Scheduler):
         if self._leap_orders_admission:
             self._order_admission(step)
         cand, others = [], []
-        for r in self.running:
-            (cand if r.num_output_tokens > 0 and not r.is_prefill_chunk else others).append(r)
+        for r in self.running:      # past prefill, and not already holding its last token in flight (async)
+            (cand if 0 < _generated(r) < r.max_tokens and not r.is_prefill_chunk else others).append(r)
         n_forced, chosen_idx = 0, np.empty(0, dtype=np.int64)
         if cand:
             cand.sort(key=lambda r: self._leap_req[r.request_id].seq)
@@ -215,7 +226,7 @@ class LeapScheduler(Scheduler):
                 now=time.time() - self._leap_wall0,
                 arrival_s=np.fromiter((s.arrival_s for s in states), dtype=np.float64, count=n),
                 predicted=np.fromiter((s.predicted for s in states), dtype=np.float64, count=n),
-                generated=np.fromiter((r.num_output_tokens for r in cand), dtype=np.int64, count=n),
+                generated=np.fromiter((_generated(r) for r in cand), dtype=np.int64, count=n),
                 output_kind="length", step=step,
                 last_served=last_served,
                 first_predicted=np.fromiter((s.first_predicted for s in states), dtype=np.float64, count=n))

@@ -1,0 +1,42 @@
+"""``--distributed-executor-backend leap_sched.vllm.Executor``: vLLM's one-process executor, plus
+the hand-off that connects LEAP's hook and scheduler inside one engine-core process.
+
+The executor checks the plugin's settings before the model loads (a bad setting costs seconds,
+not a model load). The scheduler owns its :class:`live.worker_ext.PredictionChannel` and sends it
+on every ``SchedulerOutput`` (same process, no serialisation); before the first forward the
+executor installs the hook with that channel through ``collective_rpc`` (the worker extension's
+``lv_install``). One channel per engine, found through the engine's own step, no module global.
+"""
+
+from __future__ import annotations
+
+from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+from leap_sched.vllm.internals import check_vllm
+from leap_sched.vllm.settings import leap_entry, refusing, scheduler_config
+
+#: ``SchedulerOutput`` attribute the scheduler sets to its channel (hook predictors only).
+CHANNEL_ATTR = "leap_channel"
+
+
+class Executor(UniProcExecutor):
+    """vLLM's ``uni`` executor (the model runs in the engine-core process) that installs LEAP's hook."""
+
+    def _init_executor(self) -> None:
+        with refusing():
+            check_vllm(leap_entry(self.vllm_config))
+            self.leap_config = scheduler_config(self.vllm_config)
+        self.leap_hook: dict | None = None
+        super()._init_executor()
+
+    def execute_model(self, scheduler_output, non_block: bool = False):
+        channel = getattr(scheduler_output, CHANNEL_ATTR, None)
+        if channel is not None and not channel.installed:
+            self._install_hook(channel)
+        return super().execute_model(scheduler_output, non_block)
+
+    def _install_hook(self, channel) -> None:
+        cfg = self.leap_config
+        readout = cfg.readout_file()
+        self.leap_hook = self.collective_rpc("lv_install", args=(channel, readout.info["layer"], readout.folded(),
+                                                                 cfg.predictor == "leap-rls"))[0]

@@ -1,0 +1,89 @@
+"""The vLLM internals LEAP's serving plugin relies on, in one place, checked at start-up.
+
+vLLM's scheduler interface is not public ("compatibility may not be maintained", its own warning),
+so the plugin runs only on versions it was tested on (``TESTED_VLLM``) and, on those or any other,
+only when every member below exists. An untested version is refused with one line; set
+``"allow_untested_vllm": true`` in the ``leap`` additional config, or the environment variable
+``LEAP_ALLOW_UNTESTED_VLLM=1``, to try it anyway (the members are still checked).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import re
+
+from live.common import LiveConfigError
+
+#: vLLM versions the plugin's tests ran against (tests/test_serve_plugin.py).
+TESTED_VLLM = ("0.32.0",)
+OVERRIDE_ENV = "LEAP_ALLOW_UNTESTED_VLLM"
+OVERRIDE_KEY = "allow_untested_vllm"
+
+#: ``vllm.v1.request.Request``: read by the scheduler (``live/scheduler.py``, ``live/predictors.py``);
+#: ``next_decode_eligible_step`` is written (a resident left out of a step's decodes).
+REQUEST_FIELDS = ("request_id", "arrival_time", "max_tokens", "num_output_tokens", "num_output_placeholders",
+                  "num_computed_tokens", "num_preemptions", "is_prefill_chunk", "next_decode_eligible_step",
+                  "sampling_params", "status")
+#: ``vllm.v1.core.sched.scheduler.Scheduler``: methods overridden or called, state read or reordered.
+SCHEDULER_MEMBERS = ("schedule", "update_from_output", "add_request", "_free_request", "shutdown",
+                     "running", "waiting", "current_step", "max_num_running_reqs", "vllm_config")
+#: ``vllm.v1.core.sched.output.SchedulerOutput``: read after vLLM's schedule().
+SCHEDULER_OUTPUT_FIELDS = ("num_scheduled_tokens", "scheduled_new_reqs", "scheduled_cached_reqs")
+#: ``vllm.v1.worker.gpu_model_runner.GPUModelRunner`` (the CPU runner subclasses it): the hook's batch layout.
+MODEL_RUNNER_FIELDS = ("input_batch", "query_start_loc", "model", "model_config")
+#: ``vllm.v1.worker.gpu_input_batch.InputBatch``: which flattened row holds a request's last prompt token.
+INPUT_BATCH_FIELDS = ("req_ids", "num_reqs", "num_prompt_tokens", "num_computed_tokens_cpu")
+#: ``vllm.v1.executor.uniproc_executor.UniProcExecutor``: the executor the plugin extends.
+EXECUTOR_MEMBERS = ("_init_executor", "collective_rpc", "execute_model", "driver_worker")
+
+
+def installed_version() -> str:
+    from vllm.version import __version__
+
+    return str(__version__)
+
+
+def _defines(cls: type, name: str) -> bool:
+    """``cls`` has ``name`` as a class member or dataclass field, or a ``self.name =`` in its source
+    or a base's (instance fields exist only on built objects)."""
+    if hasattr(cls, name) or (dataclasses.is_dataclass(cls) and name in {f.name for f in dataclasses.fields(cls)}):
+        return True
+    pattern = re.compile(rf"self\.{re.escape(name)}\s*(:[^=\n]*)?=")
+    for klass in cls.__mro__:
+        if klass.__module__.split(".")[0] != "vllm":
+            continue
+        try:
+            if pattern.search(inspect.getsource(klass)):
+                return True
+        except (OSError, TypeError):        # no source shipped: cannot tell, do not refuse
+            return True
+    return False
+
+
+def missing_internals() -> list[str]:
+    """``Class.member`` for every relied-on member the installed vLLM lacks (empty when all exist)."""
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+    from vllm.v1.request import Request
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    groups = ((Request, REQUEST_FIELDS), (Scheduler, SCHEDULER_MEMBERS), (SchedulerOutput, SCHEDULER_OUTPUT_FIELDS),
+              (GPUModelRunner, MODEL_RUNNER_FIELDS), (InputBatch, INPUT_BATCH_FIELDS),
+              (UniProcExecutor, EXECUTOR_MEMBERS))
+    return [f"{cls.__name__}.{name}" for cls, names in groups for name in names if not _defines(cls, name)]
+
+
+def check_vllm(leap_settings: dict | None) -> None:
+    """Refuse (LiveConfigError, one line) an untested vLLM without the override, or one lacking a member."""
+    version = installed_version()
+    allowed = bool((leap_settings or {}).get(OVERRIDE_KEY)) or os.environ.get(OVERRIDE_ENV, "") not in ("", "0")
+    if version not in TESTED_VLLM and not allowed:
+        raise LiveConfigError(f"vLLM {version} is untested with leap_sched (tested: {', '.join(TESTED_VLLM)}); "
+                              f"set \"{OVERRIDE_KEY}\": true in the leap config or {OVERRIDE_ENV}=1 to try it")
+    missing = missing_internals()
+    if missing:
+        raise LiveConfigError(f"vLLM {version} lacks what leap_sched relies on: {', '.join(missing)}")

@@ -1,0 +1,68 @@
+"""``--scheduler-cls leap_sched.vllm.Scheduler``: the live scheduler (``live/scheduler.py``) in a served vLLM.
+
+vLLM builds the class named by ``scheduler_cls`` whatever its async-scheduling setting, and a
+``Scheduler`` subclass run with async scheduling on misses the async base's bookkeeping (in-flight
+token placeholders). So ``Scheduler(...)`` builds :class:`AsyncScheduler` -- the same LEAP logic
+over vLLM's ``AsyncScheduler`` -- when ``scheduler_config.async_scheduling`` is on, and the
+synchronous class otherwise. The decisions are the same: the live scheduler counts in-flight
+tokens as generated (``live.scheduler._generated``).
+
+On top of the live scheduler: the settings come from ``--additional-config '{"leap": {...}}'``
+(checked before vLLM's own set-up, one line on a bad one: ``leap_sched.vllm.settings``), the vLLM
+version and internals are checked (``leap_sched.vllm.internals``), the hook channel rides on each
+``SchedulerOutput`` to :class:`leap_sched.vllm.Executor`, and the stats go to vLLM's log
+(``leap_sched.vllm.stats``).
+"""
+
+from __future__ import annotations
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler as VllmAsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
+
+from leap_sched.vllm.executor import CHANNEL_ATTR
+from leap_sched.vllm.internals import check_vllm
+from leap_sched.vllm.settings import leap_entry, plugin_options, refusing, scheduler_config
+from leap_sched.vllm.stats import StatsLog
+from live.scheduler import LeapScheduler
+
+
+def _vllm_config(args, kwargs):
+    return kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
+
+
+class Scheduler(LeapScheduler):
+    """LEAP's live scheduler for ``vllm serve``; an :class:`AsyncScheduler` where async scheduling is on."""
+
+    def __new__(cls, *args, **kwargs):
+        if cls is Scheduler and _vllm_config(args, kwargs).scheduler_config.async_scheduling:
+            cls = AsyncScheduler
+        return super().__new__(cls)
+
+    def __init__(self, *args, **kwargs):
+        vllm_config = _vllm_config(args, kwargs)
+        with refusing():                # before vLLM's own set-up: a bad setting costs nothing more
+            check_vllm(leap_entry(vllm_config))
+            self._leap_served_config = scheduler_config(vllm_config)
+            options = plugin_options(vllm_config)
+        super().__init__(*args, **kwargs)
+        self._leap_sends_channel = self.leap_config.needs_hook
+        self.leap_log = StatsLog(self, options["log_interval_s"])
+        self.leap_log.started(self, VllmAsyncScheduler if isinstance(self, VllmAsyncScheduler) else VllmScheduler)
+
+    def _leap_read_config(self):
+        return self._leap_served_config
+
+    def schedule(self, *args, **kwargs):
+        out = super().schedule(*args, **kwargs)
+        if self._leap_sends_channel:
+            setattr(out, CHANNEL_ATTR, self.leap_channel)
+        return out
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        out = super().update_from_output(scheduler_output, model_runner_output)
+        self.leap_log.after_step(self)
+        return out
+
+
+class AsyncScheduler(Scheduler, VllmAsyncScheduler):
+    """The same scheduler over vLLM's async base (MRO: LEAP's logic, then AsyncScheduler, then Scheduler)."""

