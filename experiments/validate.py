@@ -23,6 +23,7 @@ import numpy as np
 
 from core.cli import OneLineParser, run_command
 from core.trace import Trace, TraceError, load_trace
+from experiments.gains import add_gain_intervals, gains_section, load_profile_source
 from experiments.validate_serving import (
     PREDICTOR_COSTS,
     SIDE_TABLE_SUFFIXES,
@@ -34,6 +35,7 @@ from experiments.validate_serving import (
 )
 from simulator.preset import closed_loop_window
 from simulator.profiles import FITTED_FROM
+from simulator.profiles.calibration import Calibration
 from simulator.runner import NO_PREDICTOR, RunConfig, execute, prepare
 from simulator.workload import ArrivalSpec
 
@@ -116,7 +118,8 @@ def _validate(argv: list[str]) -> int:
                                 "Serving runs (traces/live/) replay with their own policy and predictor.")
     p.add_argument("traces", nargs="*", help=f"traces (default: {', '.join(BATCH_TRACES)}); serving runs, e.g. "
                    "traces/live/alpaca200-*.parquet")
-    p.add_argument("--profile-from", help=f"trace whose steps the profile is fitted on (batch default: "
+    p.add_argument("--profile-from", help=f"trace whose steps the profile is fitted on, or a calibration "
+                   "(NAME.calibration.json, leap-serve calibrate; serving runs) (batch default: "
                    f"{DEFAULT_PROFILE_FROM}, for that trace itself math; serving default: another run of the same workload "
                    "at the same load, FCFS first)")
     p.add_argument("--matrix", action="store_true", help="every (trace, profile-from) pair of distinct batch traces")
@@ -135,9 +138,13 @@ def _validate(argv: list[str]) -> int:
     batch = [t for t in traces if not is_serving(t)]
     if serving and (args.matrix or args.requests is not None):
         raise ValueError("--matrix and --requests apply to batch traces; a serving run replays whole")
-    profile = load_trace(args.profile_from) if args.profile_from else None
-    if profile is not None and serving and not is_serving(profile):
-        raise ValueError(f"--profile-from {args.profile_from}: serving runs need another serving run's steps")
+    profile = load_profile_source(args.profile_from) if args.profile_from else None
+    calibration = profile if isinstance(profile, Calibration) else None
+    if calibration is not None and batch:
+        raise ValueError(f"--profile-from {args.profile_from}: a calibration profiles serving runs only")
+    if profile is not None and serving and calibration is None and not is_serving(profile):
+        raise ValueError(f"--profile-from {args.profile_from}: serving runs need another serving run's steps "
+                         "or a calibration (leap-serve calibrate)")
     pairs = []
     for t in batch:
         if args.matrix:
@@ -151,6 +158,7 @@ def _validate(argv: list[str]) -> int:
         if args.json:
             print(json.dumps(rows[-1], sort_keys=True), flush=True)
     serving_rows = validate_serving_runs(serving, profile, args.predictor_cost) if serving else []
+    gains = add_gain_intervals(serving_rows, serving, calibration, args.predictor_cost) if serving else []
     if args.json:
         for row in serving_rows:
             print(json.dumps(row, sort_keys=True), flush=True)
@@ -159,6 +167,7 @@ def _validate(argv: list[str]) -> int:
             print(report_section(rows), end="")
         if serving_rows:
             print(serving_report_section(serving_rows), end="")
+            print(gains_section(gains), end="")
     return 0
 
 
