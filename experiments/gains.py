@@ -124,7 +124,8 @@ def add_gain_intervals(rows: list[dict], traces: list[Trace], calibration: Calib
         before, after = run_speeds(t.name, checks) if calibration is not None else (None, None)
         row = by_name.get(t.name, {})
         row.update(speed_vs_calibration=before, speed_after_vs_calibration=after,
-                   excluded=exclusion(before, after) if calibration is not None else None)
+                   excluded=exclusion(before, after) if calibration is not None else None,
+                   real_gain_vs_fcfs_ci95=None, sim_gain_vs_fcfs_calibrated=None)
     summaries = []
     for key, runs in groups.items():
         fcfs = next((g for k, g in groups.items() if k[:2] == key[:2] and k[2] == "fcfs" and k[3] == "none"), None)
