@@ -143,3 +143,28 @@ def test_bad_input_one_line_exit_2_nothing_written(tmp_path, cmd, message):
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_leap_validate_with_the_committed_calibration(capsys):
+    """The committed runs against the committed calibration: every row says why it is excluded
+    (no check was recorded beside it), single runs get no interval, the table lists the group."""
+    from core.trace import traces_dir
+    from experiments.validate import main
+
+    live = traces_dir() / "live"
+    cal = sorted((live / "calibration").glob("*.calibration.json"))
+    runs = [live / "alpaca200-fcfs-1.3.parquet", live / "alpaca200-oracle-1.3.parquet"]
+    if not cal or not all(r.exists() for r in runs):
+        pytest.skip("no committed calibration or alpaca200 runs")
+    kinds = [json.loads(c.read_text())["kind"] for c in cal]
+    args = [str(r) for r in runs] + ["--profile-from", str(cal[kinds.index("calibration")])]
+    assert main([*args, "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert [r["run"] for r in rows] == ["alpaca200-fcfs-1.3", "alpaca200-oracle-1.3"]
+    for r in rows:
+        assert r["excluded"] == "no host-speed check recorded for this run"
+        assert r["speed_vs_calibration"] is None and r["real_gain_vs_fcfs_ci95"] is None
+        assert r["step_time_ratio"] > 0
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "Wall-clock gains over repeats" in out and "alpaca200-fcfs-1.3: no host-speed check" in out
