@@ -45,7 +45,8 @@ calibrate() { taskset -c "$CPU" "$PY" -m live.calibrate --threads "$CPU" --quiet
 # step-clocked recordings (leap-serve --clock steps) on the same core go first: wait them out
 yield_core() {
   [ "${YIELD:-1}" = 1 ] || return 0   # YIELD=0: share the core (the checks then measure the sharing)
-  while pgrep -af "live.serve|leap-serve" | grep -- "--clock steps" | grep -q -- "--threads $CPU\b"; do
+  while pgrep -f "live_steps_runs.sh" > /dev/null \
+      || pgrep -af "live.serve|leap-serve" | grep -- "--clock steps" | grep -q -- "--threads $CPU\b"; do
     echo "   a step-clocked recording holds CPU $CPU; waiting ($(date -u +%H:%M:%S))"; sleep 30
   done
 }
