@@ -135,6 +135,8 @@ def add_gain_intervals(rows: list[dict], traces: list[Trace], calibration: Calib
         fcfs_used = [t for t in fcfs if not by_name.get(t.name, {}).get("excluded")]
         summary = {"workload": key[0], "load": key[1], "policy": key[2], "predictor": key[3],
                    "runs": [t.name for t in used], "fcfs_runs": [t.name for t in fcfs_used],
+                   "speed_vs_calibration": {t.name: by_name.get(t.name, {}).get("speed_vs_calibration")
+                                            for t in runs + fcfs},
                    "excluded": {t.name: by_name[t.name]["excluded"] for t in runs + fcfs
                                 if by_name.get(t.name, {}).get("excluded")},
                    "real_gain_vs_fcfs_pooled": None, "real_gain_vs_fcfs_ci95": None,
@@ -184,16 +186,20 @@ def gains_section(summaries: list[dict]) -> str:
     def pct(x):
         return "-" if x is None else f"{100 * x:+.1f}%"
 
+    def speeds(names, s):
+        return ", ".join(f"{n} ({s['speed_vs_calibration'][n]:.3f}x)" if s["speed_vs_calibration"].get(n) else n
+                         for n in names) or "-"
+
     lines = ["", "### Wall-clock gains over repeats (bootstrap 95% interval)", "",
-             "| load | policy | predictor | runs | FCFS runs | real gain (pooled) | 95% interval | "
-             "sim gain at checked speed | excluded |", "|---|---|---|---|---|---|---|---|---|"]
+             "| load | policy | predictor | runs (checked speed) | FCFS runs (checked speed) | real gain (pooled) | "
+             "95% interval | sim gain at checked speed | excluded |", "|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         ci = s["real_gain_vs_fcfs_ci95"]
         interval = "-" if ci is None else f"[{pct(ci[0])}, {pct(ci[1])}]"
         excluded = "; ".join(f"{k}: {v}" for k, v in s["excluded"].items()) or "none"
-        lines.append(f"| {s['load']} | {s['policy']} | {s['predictor']} | {len(s['runs'])} | {len(s['fcfs_runs'])} | "
-                     f"{pct(s['real_gain_vs_fcfs_pooled'])} | {interval} | {pct(s['sim_gain_vs_fcfs_calibrated'])} | "
-                     f"{excluded} |")
+        lines.append(f"| {s['load']} | {s['policy']} | {s['predictor']} | {speeds(s['runs'], s)} | "
+                     f"{speeds(s['fcfs_runs'], s)} | {pct(s['real_gain_vs_fcfs_pooled'])} | {interval} | "
+                     f"{pct(s['sim_gain_vs_fcfs_calibrated'])} | {excluded} |")
     return "\n".join(lines) + "\n"
 
 

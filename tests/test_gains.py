@@ -135,7 +135,7 @@ def test_group_fields_on_every_repeat_and_excluded_runs_left_out(tmp_path, monke
     assert by["o-r1"]["real_gain_vs_fcfs_ci95"] == s["real_gain_vs_fcfs_ci95"] == by["o-r3"]["real_gain_vs_fcfs_ci95"]
     assert by["o-r1"]["sim_gain_vs_fcfs_calibrated"] == -0.25
     table = gains_section(summaries)
-    assert "o-r3" in table and "[" in table
+    assert "o-r3" in table and "[" in table and "f-r1 (1.000x)" in table
 
 
 def test_single_runs_get_no_interval(monkeypatch):
