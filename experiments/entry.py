@@ -69,4 +69,8 @@ def leap_validate() -> int:
 
 
 def leap_serve() -> int:
+    """``leap-serve``, and ``leap-serve calibrate`` (the host's step profile, ``live.calibrate``)."""
+    if sys.argv[1:2] == ["calibrate"]:
+        del sys.argv[1]
+        return _run("live.calibrate:main", NUMPY_ONLY_VARS)
     return _run("live.serve:main", NUMPY_ONLY_VARS)

@@ -26,6 +26,7 @@ import numpy as np
 
 from core.cli import OneLineParser, run_command
 from core.trace import Trace, TraceError, load_trace
+from experiments.gains import add_gain_intervals, gains_section, load_profile_source
 from experiments.replay_errors import replay_errors
 from experiments.validate_choices import check_reference, name_references, register_sources
 from experiments.validate_serving import (
@@ -40,6 +41,7 @@ from experiments.validate_serving import (
 from experiments.validate_steps import step_replay_config, step_runs_section, validate_step_run
 from simulator.preset import closed_loop_window
 from simulator.profiles import FITTED_FROM
+from simulator.profiles.calibration import Calibration
 from simulator.runner import NO_PREDICTOR, RunConfig, execute, prepare
 from simulator.stepclock import trace_clock
 from simulator.workload import ArrivalSpec
@@ -122,7 +124,8 @@ def _validate(argv: list[str]) -> int:
                                 "Serving runs (traces/live/) replay with their own policy and predictor.")
     p.add_argument("traces", nargs="*", help=f"traces (default: {', '.join(BATCH_TRACES)}); serving runs, e.g. "
                    "traces/live/alpaca200-*.parquet")
-    p.add_argument("--profile-from", help=f"trace whose steps the profile is fitted on (batch default: "
+    p.add_argument("--profile-from", help=f"trace whose steps the profile is fitted on, or a calibration "
+                   "(NAME.calibration.json, leap-serve calibrate; serving runs) (batch default: "
                    f"{DEFAULT_PROFILE_FROM}, for that trace itself math; serving default: another run of the same workload "
                    "at the same load, FCFS first)")
     p.add_argument("--matrix", action="store_true", help="every (trace, profile-from) pair of distinct batch traces")
@@ -148,9 +151,13 @@ def _validate(argv: list[str]) -> int:
         step_replay_config(t)
     if (serving or stepped) and (args.matrix or args.requests is not None):
         raise ValueError("--matrix and --requests apply to batch traces; a serving run replays whole")
-    profile = load_trace(args.profile_from) if args.profile_from else None
-    if profile is not None and serving and not is_serving(profile):
-        raise ValueError(f"--profile-from {args.profile_from}: serving runs need another serving run's steps")
+    profile = load_profile_source(args.profile_from) if args.profile_from else None
+    calibration = profile if isinstance(profile, Calibration) else None
+    if calibration is not None and batch:
+        raise ValueError(f"--profile-from {args.profile_from}: a calibration profiles serving runs only")
+    if profile is not None and serving and calibration is None and not is_serving(profile):
+        raise ValueError(f"--profile-from {args.profile_from}: serving runs need another serving run's steps "
+                         "or a calibration (leap-serve calibrate)")
     pairs = []
     for t in batch:
         if args.matrix:
@@ -173,6 +180,7 @@ def _validate(argv: list[str]) -> int:
     name_references(serving_rows, PROG)
     for row in serving_rows:   # a wall-clock run: no step-level equality to check
         row.update(clock="seconds", finish_step_match_share=None)
+    gains = add_gain_intervals(serving_rows, serving, calibration, args.predictor_cost) if serving else []
     step_rows = [validate_step_run(t) for t in stepped]
     if args.json:
         for row in serving_rows + step_rows:
@@ -182,6 +190,7 @@ def _validate(argv: list[str]) -> int:
             print(report_section(rows), end="")
         if serving_rows:
             print(serving_report_section(serving_rows), end="")
+            print(gains_section(gains), end="")
         if step_rows:
             print(step_runs_section(step_rows), end="")
     return 0

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from core.hardware import A100_80GB, H100, H200, LLAMA3_8B, QWEN3_8B
 from core.trace import Trace
 from simulator.profiles.base import EngineProfile
+from simulator.profiles.calibration import is_calibration_path, load_calibration
 from simulator.profiles.fitted import FittedProfile
 from simulator.profiles.roofline import RooflineProfile
 from simulator.profiles.unit import UnitProfile
@@ -26,12 +27,15 @@ def _fitted(trace: Trace | None) -> EngineProfile:
 
 
 def _fitted_from(spec: str) -> EngineProfile:
-    """``fitted:PATH``: PATH is a trace (bundled name or .parquet) or its NAME.steps.parquet."""
+    """``fitted:PATH``: PATH is a trace (bundled name or .parquet), its NAME.steps.parquet, or a
+    calibration (NAME.calibration.json or .parquet, ``leap-serve calibrate``)."""
     from core.trace import load_trace
 
     target = spec[len(FITTED_FROM):]
     if not target:
         raise ValueError("--engine fitted:PATH: PATH is empty")
+    if is_calibration_path(target):   # a calibration grid (leap-serve calibrate), not a trace
+        return load_calibration(target).profile()
     if target.endswith(".steps.parquet"):
         target = target[: -len(".steps.parquet")] + ".parquet"
     source = load_trace(target)

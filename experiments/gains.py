@@ -1,0 +1,212 @@
+"""Wall-clock gains over repeated serving runs, with bootstrap 95% intervals (``leap-validate``).
+
+One wall-clock run measures a policy's gain on one draw of the host's speed: two identical FCFS
+runs 31 minutes apart differed by 40% in mean per-token latency (issue 20). So the interleaved
+script (``scripts/live_interleaved.sh``) records each (workload, load, policy, predictor) several
+times, F L R O F L R O ..., each run preceded by a host-speed check against a calibration
+(``leap-serve calibrate --check``), and this module reports, per group of repeats:
+
+- ``real_gain_vs_fcfs_ci95``: [low, high] of mean PTL (pooled over the group's requests) / mean
+  PTL of the FCFS group at the same workload and load - 1, a percentile bootstrap over repeats
+  and requests: each of ``BOOTSTRAP_SAMPLES`` samples draws the group's runs with replacement,
+  then each drawn run's requests with replacement, both for the policy and for FCFS. Seeded
+  (``BOOTSTRAP_SEED``), so the same runs give the same interval.
+- ``speed_vs_calibration``: the run's check (the one recorded before it) against the calibration,
+  and ``speed_after_vs_calibration``, the next check recorded after it (the host after the run).
+- ``excluded``: why a run is left out of the interval: a check more than ``EXCLUDE_SPEED_OFF``
+  off the calibration, or no check at all. Excluded runs are listed in every row of the group.
+- ``sim_gain_vs_fcfs_calibrated``: the same pooled gain from replays under the calibrated profile
+  scaled to each run's checked speed (``Calibration.at_speed``), beside the measured interval.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import cast
+
+import numpy as np
+
+from core.trace import Trace
+from experiments.validate_serving import (
+    is_fcfs_run,
+    measured,
+    serving_load,
+    serving_workload,
+    serving_workload_key,
+    source_trace,
+    validate_serving,
+)
+from simulator.profiles.calibration import CALIBRATION_SUFFIX, Calibration, load_calibration
+
+BOOTSTRAP_SAMPLES = 2000
+BOOTSTRAP_SEED = 0
+#: A run whose check ran more than this far from the calibration (either way) is excluded.
+EXCLUDE_SPEED_OFF = 0.03
+
+
+def group_key(trace: Trace) -> tuple:
+    """Runs that repeat one another: same workload and engine setting, load, policy, predictor."""
+    s = (trace.metadata or {}).get("serving") or {}
+    return (serving_workload_key(trace), serving_load(trace), s.get("policy"), s.get("predictor", "none"))
+
+
+def request_ptl(trace: Trace) -> np.ndarray:
+    """Measured per-token latency of each request (e2e from the client's send time / tokens), as
+    ``leap-validate`` counts it."""
+    workload = serving_workload(trace, source_trace(trace))
+    return measured(workload)["e2e"] / workload.output_tokens.astype(np.float64)
+
+
+def pooled_gain(policy: list[np.ndarray], fcfs: list[np.ndarray]) -> float:
+    return float(np.concatenate(policy).mean() / np.concatenate(fcfs).mean() - 1.0)
+
+
+def bootstrap_gain_ci(policy: list[np.ndarray], fcfs: list[np.ndarray], samples: int = BOOTSTRAP_SAMPLES,
+                      seed: int = BOOTSTRAP_SEED) -> list[float]:
+    """Percentile 95% interval of :func:`pooled_gain`, resampling runs, then requests within each."""
+    rng = np.random.default_rng(seed)
+
+    def draw(runs: list[np.ndarray]) -> float:
+        picked = rng.integers(0, len(runs), size=len(runs))
+        total = count = 0.0
+        for i in picked:
+            x = runs[i]
+            total += float(x[rng.integers(0, len(x), size=len(x))].sum())
+            count += len(x)
+        return total / count
+
+    stats = np.array([draw(policy) / draw(fcfs) - 1.0 for _ in range(samples)])
+    return [float(np.percentile(stats, 2.5)), float(np.percentile(stats, 97.5))]
+
+
+def checks_of(calibration: Calibration) -> list[Calibration]:
+    """The checks recorded against ``calibration`` in its folder, oldest first."""
+    out = []
+    for f in sorted(calibration.path.parent.glob(f"*{CALIBRATION_SUFFIX}.json")):
+        try:
+            meta = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if meta.get("kind") == "check" and (meta.get("calibration") or {}).get("name") == calibration.name:
+            out.append(load_calibration(f))
+    return sorted(out, key=lambda c: (str(c.metadata.get("date")), c.name))
+
+
+def run_speeds(run: str, checks: list[Calibration]) -> tuple[float | None, float | None]:
+    """(before, after): the median speed of the check recorded for ``run`` and of the next one."""
+    for i, check in enumerate(checks):
+        if check.metadata.get("run") == run:
+            after = checks[i + 1].metadata["speed_vs_calibration"]["median"] if i + 1 < len(checks) else None
+            return float(check.metadata["speed_vs_calibration"]["median"]), after
+    return None, None
+
+
+def exclusion(before: float | None, after: float | None) -> str | None:
+    if before is None:
+        return "no host-speed check recorded for this run"
+    for label, speed in (("before", before), ("after", after)):
+        if speed is not None and abs(speed - 1.0) > EXCLUDE_SPEED_OFF:
+            return (f"host {label} the run at {speed:.3f}x the calibration's step time "
+                    f"(limit {EXCLUDE_SPEED_OFF:.0%} either way)")
+    return None
+
+
+def add_gain_intervals(rows: list[dict], traces: list[Trace], calibration: Calibration | None = None,
+                       predictor_cost: str = "none") -> list[dict]:
+    """Add the speed, exclusion and interval fields to each row (by run name); return one summary
+    per non-FCFS group with an FCFS group beside it."""
+    by_name = {r["run"]: r for r in rows}
+    checks = checks_of(calibration) if calibration is not None else []
+    groups: dict[tuple, list[Trace]] = {}
+    for t in sorted(traces, key=lambda t: t.name):
+        groups.setdefault(group_key(t), []).append(t)
+        before, after = run_speeds(t.name, checks) if calibration is not None else (None, None)
+        row = by_name.get(t.name, {})
+        row.update(speed_vs_calibration=before, speed_after_vs_calibration=after,
+                   excluded=exclusion(before, after) if calibration is not None else None,
+                   real_gain_vs_fcfs_ci95=None, sim_gain_vs_fcfs_calibrated=None)
+    summaries = []
+    for key, runs in groups.items():
+        fcfs = next((g for k, g in groups.items() if k[:2] == key[:2] and k[2] == "fcfs" and k[3] == "none"), None)
+        if all(is_fcfs_run(t) for t in runs) or fcfs is None:
+            continue
+        used = [t for t in runs if not by_name.get(t.name, {}).get("excluded")]
+        fcfs_used = [t for t in fcfs if not by_name.get(t.name, {}).get("excluded")]
+        summary = {"workload": key[0], "load": key[1], "policy": key[2], "predictor": key[3],
+                   "runs": [t.name for t in used], "fcfs_runs": [t.name for t in fcfs_used],
+                   "speed_vs_calibration": {t.name: by_name.get(t.name, {}).get("speed_vs_calibration")
+                                            for t in runs + fcfs},
+                   "excluded": {t.name: by_name[t.name]["excluded"] for t in runs + fcfs
+                                if by_name.get(t.name, {}).get("excluded")},
+                   "real_gain_vs_fcfs_pooled": None, "real_gain_vs_fcfs_ci95": None,
+                   "sim_gain_vs_fcfs_calibrated": None}
+        if used and fcfs_used:
+            policy_ptl = [request_ptl(t) for t in used]
+            fcfs_ptl = [request_ptl(t) for t in fcfs_used]
+            summary["real_gain_vs_fcfs_pooled"] = pooled_gain(policy_ptl, fcfs_ptl)
+            if len(used) >= 2 and len(fcfs_used) >= 2:
+                summary["real_gain_vs_fcfs_ci95"] = bootstrap_gain_ci(policy_ptl, fcfs_ptl)
+            if calibration is not None:
+                summary["sim_gain_vs_fcfs_calibrated"] = _sim_gain_at_speed(used, fcfs_used, by_name, calibration,
+                                                                            predictor_cost)
+        for t in runs:
+            if t.name in by_name:
+                by_name[t.name].update({k: summary[k] for k in (
+                    "real_gain_vs_fcfs_pooled", "real_gain_vs_fcfs_ci95", "sim_gain_vs_fcfs_calibrated")},
+                    repeats_used=summary["runs"], fcfs_repeats_used=summary["fcfs_runs"],
+                    group_excluded=summary["excluded"])
+        summaries.append(summary)
+    return summaries
+
+
+def _sim_gain_at_speed(runs: list[Trace], fcfs: list[Trace], rows: dict, calibration: Calibration,
+                       predictor_cost: str) -> float:
+    """Pooled simulated gain: every run replayed under the calibration scaled to its own checked
+    speed (its request count weights its mean PTL, as pooling does for the measured gain)."""
+    def pooled(group: list[Trace]) -> float:
+        total = count = 0.0
+        for t in group:
+            speed = rows.get(t.name, {}).get("speed_vs_calibration") or 1.0
+            # a calibration stands in for the profile run (name, path, steps: what the fit reads)
+            source = cast(Trace, calibration.at_speed(speed))
+            row = validate_serving(t, source, predictor_cost, reference=True)
+            total += row["sim_mean_ptl_s"] * row["requests"]
+            count += row["requests"]
+        return total / count
+
+    return float(pooled(runs) / pooled(fcfs) - 1.0)
+
+
+def gains_section(summaries: list[dict]) -> str:
+    """Markdown: one line per group of repeats (measured interval beside the calibrated replay)."""
+    if not summaries:
+        return ""
+
+    def pct(x):
+        return "-" if x is None else f"{100 * x:+.1f}%"
+
+    def speeds(names, s):
+        return ", ".join(f"{n} ({s['speed_vs_calibration'][n]:.3f}x)" if s["speed_vs_calibration"].get(n) else n
+                         for n in names) or "-"
+
+    lines = ["", "### Wall-clock gains over repeats (bootstrap 95% interval)", "",
+             "| load | policy | predictor | runs (checked speed) | FCFS runs (checked speed) | real gain (pooled) | "
+             "95% interval | sim gain at checked speed | excluded |", "|---|---|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        ci = s["real_gain_vs_fcfs_ci95"]
+        interval = "-" if ci is None else f"[{pct(ci[0])}, {pct(ci[1])}]"
+        excluded = "; ".join(f"{k}: {v}" for k, v in s["excluded"].items()) or "none"
+        lines.append(f"| {s['load']} | {s['policy']} | {s['predictor']} | {speeds(s['runs'], s)} | "
+                     f"{speeds(s['fcfs_runs'], s)} | {pct(s['real_gain_vs_fcfs_pooled'])} | {interval} | "
+                     f"{pct(s['sim_gain_vs_fcfs_calibrated'])} | {excluded} |")
+    return "\n".join(lines) + "\n"
+
+
+def load_profile_source(spec: str):
+    """``--profile-from``: a calibration (``*.calibration.json``/``.parquet``) or a trace."""
+    from core.trace import load_trace
+    from simulator.profiles.calibration import is_calibration_path
+
+    return load_calibration(spec) if is_calibration_path(spec) else load_trace(Path(spec) if Path(spec).exists()
+                                                                               else spec)

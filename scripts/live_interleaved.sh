@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Interleaved wall-clock serving runs with host-speed checks, for gains with confidence intervals
+# (leap-validate --profile-from CALIBRATION reports real_gain_vs_fcfs_ci95, docs/validation.md).
+#
+#   bash scripts/live_interleaved.sh                    # calibration, then F L R O F L R O F L R O
+#   N=100 REPEATS=2 POLICIES="fcfs leap oracle" bash scripts/live_interleaved.sh   # a reduced set
+#   nohup setsid bash scripts/live_interleaved.sh > ~/.cache/leap-sched/interleaved.log 2>&1 &
+#
+# Order: one calibration of the host (leap-serve calibrate, a few minutes), then for each repeat
+# each policy in turn, each run preceded by a short check of the host's speed against the
+# calibration (a subset of its grid, < 30 s), and one final check after the last run (so every
+# run has a check before and after it). Resumable: rerun the same command after a kill; finished
+# runs are kept, an unfinished run gets a fresh check and resumes (--resume, a new segment).
+#
+# The engine is pinned to CPU (default 1) with taskset and --threads; keep everything else off it.
+# Load: LOAD x the live FCFS capacity. The capacity of traces/live/alpaca200-capacity.json was
+# measured in another session on a faster host; unless CAPACITY is given it is rescaled to this
+# host by the calibration (capacity x the committed alpaca200-fcfs-1.3 run's median step time over
+# the calibration's profile for the same steps), so that LOAD means the same queueing pressure.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PY:-$ROOT/.venv-capture/bin/python}"
+CPU="${CPU:-1}"
+N="${N:-200}"
+REPEATS="${REPEATS:-3}"
+LOAD="${LOAD:-1.3}"
+POLICIES=(${POLICIES:-fcfs leap leap-rls oracle})
+MAXLEN="${MAXLEN:-256}"
+OUTDIR="${OUTDIR:-traces/live/interleaved}"
+CALDIR="${CALDIR:-traces/live/calibration}"
+READOUT="${READOUT:-traces/live/leap_readout_lmsys.npz}"
+SET="${SET:-alpaca$N-$LOAD}"
+CAL="$CALDIR/$SET"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+mkdir -p "$OUTDIR" "$CALDIR"
+
+declare -A POLICY=([fcfs]="fcfs none" [leap]="countdown leap" [leap-rls]="countdown leap-rls"
+                   [oracle]="countdown oracle")
+for p in "${POLICIES[@]}"; do
+  [ -n "${POLICY[$p]:-}" ] || { echo "unknown policy $p (choose from ${!POLICY[*]})" >&2; exit 2; }
+done
+calibrate() { taskset -c "$CPU" "$PY" -m live.calibrate --threads "$CPU" --quiet "$@"; }
+# step-clocked recordings (leap-serve --clock steps) on the same core go first: wait them out
+yield_core() {
+  [ "${YIELD:-1}" = 1 ] || return 0   # YIELD=0: share the core (the checks then measure the sharing)
+  while pgrep -f "live_steps_runs.sh" > /dev/null \
+      || pgrep -af "live.serve|leap-serve" | grep -- "--clock steps" | grep -q -- "--threads $CPU\b"; do
+    echo "   a step-clocked recording holds CPU $CPU; waiting ($(date -u +%H:%M:%S))"; sleep 30
+  done
+}
+
+if [ ! -f "$CAL.calibration.json" ]; then
+  yield_core
+  echo "== calibration $CAL ($(date -u +%H:%M:%S))"
+  calibrate --out "$CAL" --overwrite
+fi
+if [ -z "${CAPACITY:-}" ]; then
+  CAPACITY="$("$PY" - "$CAL.calibration.json" <<'EOF'
+import json, sys
+from core.trace import load_trace
+from experiments.validate_serving import step_time_ratio
+from simulator.profiles.calibration import load_calibration
+base = json.load(open("traces/live/alpaca200-capacity.json"))["capacity_req_s"]
+ratio = step_time_ratio(load_trace("traces/live/alpaca200-fcfs-1.3.parquet"), load_calibration(sys.argv[1]).profile())
+print(f"{base * ratio:.4f}")
+EOF
+)"
+fi
+echo "== live FCFS capacity on this host: $CAPACITY req/s; load ${LOAD}x"
+
+COMMON=(--from traces/alpaca.parquet --requests "$N" --force-lengths --max-length "$MAXLEN"
+        --max-resident 64 --decode-slots 16 --wait-cap 128 --threads "$CPU" --seed 0 --quiet)
+for r in $(seq 1 "$REPEATS"); do
+  for p in "${POLICIES[@]}"; do
+    read -r policy predictor <<<"${POLICY[$p]}"
+    name="alpaca$N-$p-$LOAD-r$r"
+    out="$OUTDIR/$name.parquet"
+    if [ -f "$out" ] && [ ! -d "$out.parts" ]; then echo "== $name: done"; continue; fi
+    yield_core
+    echo "== check before $name ($(date -u +%H:%M:%S))"
+    calibrate --check "$CAL" --run "$name" --out "$CALDIR/$name.check" --overwrite
+    extra=()
+    case "$predictor" in leap|leap-rls) extra=(--readout "$READOUT");; esac
+    [ -d "$out.parts" ] && extra+=(--resume)
+    echo "== $name: $policy + $predictor at ${LOAD}x -> $out ($(date -u +%H:%M:%S))"
+    taskset -c "$CPU" "$PY" -m live.serve "${COMMON[@]}" --policy "$policy" --predictor "$predictor" \
+        --arrivals poisson --load "${LOAD}x" --capacity "$CAPACITY" --out "$out" "${extra[@]}"
+  done
+done
+if [ ! -f "$CALDIR/$SET-final.check.calibration.json" ]; then
+  echo "== final check ($(date -u +%H:%M:%S))"
+  calibrate --check "$CAL" --out "$CALDIR/$SET-final.check" --overwrite
+fi
+echo "== done ($(date -u +%H:%M:%S))"
