@@ -192,7 +192,7 @@ def _refuse_first_bad_record(path: Path) -> None:
         try:
             record = json.loads(line)
         except ValueError as exc:
-            raise TraceError(f"trace {path}: row {row}: not a JSON object ({exc})") from None
+            raise TraceError(f"trace {path}: row {row}: not readable JSON ({exc})") from None
         if not isinstance(record, dict):
             raise TraceError(f"trace {path}: row {row}: not a JSON object")
         for name in MOONCAKE_FIELDS:
