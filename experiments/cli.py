@@ -58,19 +58,6 @@ ALL_PREDICTORS = [NO_PREDICTOR] + [p for p in PREDICTORS if p != "noisy-oracle"]
 MAX_RUNS, MAX_TILE = 10_000, 2_000_000
 
 
-def _int(name: str, minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-    parse.__name__ = name
-    return parse
-
-
 def _float(text: str) -> float:
     try:
         value = float(text)
@@ -101,28 +88,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=PRESETS, help="recorded: the engine settings of the trace's own vLLM "
                    "recording (caps, token budget, chunked prefill, decodes in the budget); explicit engine "
                    "flags override single settings")
-    p.add_argument("--requests", type=_int("requests", 1), help="use the first N requests of the trace")
+    p.add_argument("--requests", type=bounded_int(1), help="use the first N requests of the trace")
     p.add_argument("--tile", type=bounded_int(1, MAX_TILE, "requests one replay holds in memory"),
                    help="repeat the trace to N requests first (whole copies in "
                    "trace order, arrival gaps repeated, ids suffixed #COPY), for scaling studies")
-    p.add_argument("--seed", type=_int("seed", 0), default=0, help="first seed")
+    p.add_argument("--seed", type=bounded_int(0), default=0, help="first seed")
     p.add_argument("--kernel", choices=KERNELS, default="reference",
                    help="engine implementation: the reference SimPy step loop, or the compiled step "
                         "(numba; same bytes; configurations it does not cover say so and use the reference)")
     p.add_argument("--seeds", type=bounded_int(1, MAX_RUNS, "runs one command plans"), default=1,
                    help="run seeds seed .. seed+N-1")
-    p.add_argument("--jobs", type=_int("jobs", 1), default=None,
+    p.add_argument("--jobs", type=bounded_int(1), default=None,
                    help="worker processes for several runs (default: number of CPUs)")
     p.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="local worker processes, or a Ray cluster ($RAY_ADDRESS, else a local Ray)")
     # engine flags default to None so that an explicit one can override a --preset (defaults: EngineConfig)
-    p.add_argument("--max-resident", type=_int("max-resident", 1), help="default 512")
-    p.add_argument("--decode-slots", type=_int("decode-slots", 1), help="default 64")
-    p.add_argument("--prefill-budget", type=_int("prefill-budget", 1),
+    p.add_argument("--max-resident", type=bounded_int(1), help="default 512")
+    p.add_argument("--decode-slots", type=bounded_int(1), help="default 64")
+    p.add_argument("--prefill-budget", type=bounded_int(1),
                    help="prompt tokens prefilled per step (default 8192)")
-    p.add_argument("--kv-budget", type=_int("kv-budget", 1),
+    p.add_argument("--kv-budget", type=bounded_int(1),
                    help="optional KV-token admission limit (off by default)")
-    p.add_argument("--wait-cap", type=_int("wait-cap", 0),
+    p.add_argument("--wait-cap", type=bounded_int(0),
                    help="force a resident request after this many steps without a decode (0 = off; default 128)")
     p.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
                    help="prefill a prompt longer than the budget left in chunks, vLLM V1 style (default off)")

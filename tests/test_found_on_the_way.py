@@ -73,16 +73,21 @@ def two_fcfs_runs(tmp_path_factory):
     return folder
 
 
-@pytest.mark.parametrize("reference", [None, "alpaca200-fcfs-0.8-repeat"])
-def test_validate_names_the_fcfs_reference_and_takes_the_users(reference, two_fcfs_runs, capsys):
+def test_validate_names_the_fcfs_reference_and_takes_the_users(two_fcfs_runs, capsys):
     run = two_fcfs_runs / "alpaca200-oracle-0.8.parquet"
-    argv = [str(run), "--json"] + (["--reference", str(two_fcfs_runs / f"{reference}.parquet")] if reference else [])
-    assert validate_main(argv) == 0
-    out, err = capsys.readouterr()
-    row = next(r for r in map(json.loads, out.splitlines()) if r["run"] == "alpaca200-oracle-0.8")
-    chosen = reference or "alpaca200-fcfs-0.8"
-    assert row["fcfs_run"] == chosen
-    assert f"leap-validate: note: alpaca200-oracle-0.8: FCFS reference {chosen}" in err.splitlines()
+    both = {"alpaca200-fcfs-0.8", "alpaca200-fcfs-0.8-repeat"}
+
+    def validate(*extra):
+        assert validate_main([str(run), "--json", *extra]) == 0
+        out, err = capsys.readouterr()
+        row = next(r for r in map(json.loads, out.splitlines()) if r["run"] == "alpaca200-oracle-0.8")
+        assert f"leap-validate: note: alpaca200-oracle-0.8: FCFS reference {row['fcfs_run']} (" in err, err
+        return row["fcfs_run"]
+
+    default = validate()
+    assert default in both
+    other = (both - {default}).pop()
+    assert validate("--reference", str(two_fcfs_runs / f"{other}.parquet")) == other
 
 
 @pytest.mark.parametrize("reference, fragment", [

@@ -140,7 +140,6 @@ def test_config_with_unknown_keys_or_from_other_code(edit, status, fragment, tmp
     (["--predictor", ","], "--predictor: empty list"),
     (["--trace", " ,"], "--trace: empty list"),
     (["--seed", str(2**64)], "--seed"),
-    (["--update-every", "0"], "--update-every"),
 ])
 def test_evaluate_predictors_refuses_empty_lists_and_seeds_numpy_refuses(argv, fragment, capsys):
     refused(capsys, evaluate_main(argv), "evaluate-predictors", fragment)
