@@ -10,6 +10,11 @@ fixed seed (ids suffixed ``#copy``), cut to the count, written to a temporary tr
 columns only; the oracle needs no features). The same arguments replay the same requests.
 
     python benchmarks/bench_simulator.py [--trace NAME] [--requests 4000] [--repeat 5] [--million 1000000]
+        [--scale 10000,100000,1000000]
+
+On a trace with hidden states it also times the learned predictors (``leap``, ``leap-rls``,
+``trail``) on the compiled kernel beside the engine's own rate; ``--scale`` times prepare against
+the loop at each size.
 """
 
 from __future__ import annotations
@@ -56,9 +61,17 @@ def main() -> int:
                     help="one load for both cases (default: FCFS at 1x, countdown + oracle at 1x and 2x)")
     ap.add_argument("--million", type=int, default=0, metavar="N",
                     help="also time N lengths-only requests at 1x with the compiled kernel, start-up included")
+    ap.add_argument("--scale", default="10000,100000,1000000", metavar="N,N,...",
+                    help="compiled runs of N lengths-only requests at 1x: prepare (tiling, capacity, arrivals, "
+                         "binding) against the loop, per size ('' to skip)")
     args = ap.parse_args()
-    if args.requests < 1 or args.repeat < 1 or (args.load is not None and not args.load > 0) or args.million < 0:
-        ap.error("--requests and --repeat must be >= 1, --load > 0 and --million >= 0")
+    try:
+        args.scale = [int(x) for x in args.scale.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--scale: expected comma-separated request counts, got {args.scale!r}")
+    if args.requests < 1 or args.repeat < 1 or (args.load is not None and not args.load > 0) or args.million < 0 \
+            or any(n < 1 for n in args.scale):
+        ap.error("--requests, --repeat and --scale sizes must be >= 1, --load > 0 and --million >= 0")
     with tempfile.TemporaryDirectory(prefix="bench-sim-") as folder:
         return bench(args, *tiled_trace(args.trace, args.requests, Path(folder)))
 
@@ -111,6 +124,10 @@ def bench(args, trace: str, trace_requests: int) -> int:
                   f"{comp / ref:.1f}x the reference; {same}")
     if "compiled" in kernels and load_trace(args.trace).has_feature("feat_last"):
         hidden_state_cases(args)
+    if "compiled" in kernels and load_trace(args.trace).has_feature("feat_last"):
+        learned_predictor_rates(args)
+    if "compiled" in kernels and args.scale:
+        prepare_vs_loop(args)
     print(f"  process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
     if args.million:
         million(args)
@@ -146,6 +163,76 @@ def hidden_state_cases(args) -> None:
               f"{engine_rates['reference']:,.0f}, compiled {engine_rates['compiled']:,.0f} requests/CPU-s")
 
 
+#: the learned predictors on the recorded trace, with issue 24's targets (requests per CPU-second)
+LEARNED = (("leap", 100_000), ("leap-rls", 50_000), ("trail", 20_000))
+
+
+def learned_predictor_rates(args) -> None:
+    """Countdown at 1.5x on the recorded trace, compiled: each learned predictor's rate beside the
+    engine's own (the oracle, whose estimates cost nothing), its calls' share of the loop, its
+    target, and a check against one reference run. Medians over --repeat runs."""
+    from predictors.base import PredictorOptions
+
+    def config(predictor: str, kernel: str) -> RunConfig:
+        return RunConfig(trace=args.trace, predictor=predictor, policy="countdown", load=1.5, kernel=kernel,
+                         predictor_options=PredictorOptions(refresh=True if predictor == "trail" else None))
+
+    def runs(predictor: str):
+        out = []
+        for _ in range(args.repeat):
+            prepared = prepare(config(predictor, "compiled"))
+            spent = time_predictor(prepared.simulation.predictor)
+            summary, result = execute(prepared)
+            out.append((summary["completed"] / result.sim_cpu_s, spent[0] / result.sim_cpu_s, result))
+        return statistics.median(r for r, _, _ in out), statistics.median(s for _, s, _ in out), out[-1][2]
+
+    engine, _, _ = runs("oracle")
+    print(f"  learned predictors, countdown at 1.5x ({args.trace} as recorded), compiled: the engine alone "
+          f"(oracle) {engine:,.0f} req/CPU-s")
+    for predictor, target in LEARNED:
+        try:
+            rate, share, result = runs(predictor)
+        except (ValueError, OSError) as exc:   # no weights, no decode side table: say so, go on
+            print(f"    {predictor:8s} skipped ({str(exc).splitlines()[0]})")
+            continue
+        _, reference = execute(prepare(config(predictor, "reference")))
+        same = "identical to the reference" if reference.finish_s.tobytes() == result.finish_s.tobytes() \
+            else "FINISH TIMES DIFFER from the reference"
+        print(f"    {predictor:8s} {rate:9,.0f} req/CPU-s ({rate / engine:.0%} of the engine alone; target "
+              f"{target:,}: {'met' if rate >= target else 'not met'}); its own calls {share:.0%} of the loop; {same}")
+
+
+def prepare_vs_loop(args) -> None:
+    """Compiled runs of each --scale size of lengths-only requests (the trace tiled) at 1x in this
+    process (the kernel already compiled), with an empty capacity cache that the first size fills
+    (a tiled run's capacity is its trace's): CPU seconds of prepare and of the loop."""
+    import os
+
+    from core.trace import bundled_trace_names as bundled
+
+    trace = "sharegpt-lengths" if "sharegpt-lengths" in bundled() else args.trace
+    print(f"  prepare vs loop, {trace} tiled, FCFS at 1x, compiled (capacity cache empty before the first size):")
+    before = os.environ.get("LEAP_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as cache:
+        os.environ["LEAP_CACHE_DIR"] = cache
+        try:
+            for n in args.scale:
+                started = time.process_time()
+                prepared = prepare(RunConfig(trace=trace, tile=n, load=1.0, kernel="compiled"))
+                prepare_s = time.process_time() - started
+                summary, result = execute(prepared)
+                loop_s = result.sim_cpu_s
+                print(f"    {n:>9,}: prepare {prepare_s:7.2f} CPU-s, loop {loop_s:7.2f} CPU-s (prepare/loop "
+                      f"{prepare_s / loop_s:4.2f}); per request: prepare {prepare_s / n * 1e6:5.2f} us, "
+                      f"{(prepare_s + loop_s) / n * 1e6:5.2f} us per request in all, "
+                      f"{n / (prepare_s + loop_s):,.0f} req/CPU-s")
+        finally:
+            if before is None:
+                os.environ.pop("LEAP_CACHE_DIR", None)
+            else:
+                os.environ["LEAP_CACHE_DIR"] = before
+
+
 def time_predictor(predictor) -> list[float]:
     """Wrap the bound predictor's predict and feedback (and the publishes feedback returns) to sum
     their CPU time into the returned one-element list."""
@@ -165,6 +252,9 @@ def time_predictor(predictor) -> list[float]:
 
     predictor.predict = timed(predictor.predict)
     predictor.feedback = timed(predictor.feedback)
+    if predictor.refresh_every:   # TRAIL's prefill observation and decode-time refreshes
+        predictor.after_prefill = timed(predictor.after_prefill)
+        predictor.refresh = timed(predictor.refresh)
     return spent
 
 

@@ -213,6 +213,12 @@ class Predictor(ABC):
         """Estimates for ``rows`` from the currently published state (float64 array). ``known``:
         the system's arrived/finished counts at that instant (the engine always passes it)."""
 
+    def fixed_estimates(self) -> np.ndarray | None:
+        """Every bound row's estimate, when ``predict(rows)`` is always ``fixed_estimates()[rows]``
+        (computed once in ``bind``, whatever ``known`` says), so a compiled engine may publish them
+        without calling ``predict``; None (the default) when estimates change or depend on the system."""
+        return None
+
     def after_prefill(self, rows: np.ndarray) -> np.ndarray | None:
         """Arrival-stage predictors that also read the serving model's prefill state (TRAIL) return
         their updated estimates here; the GPU pays ``gpu_s_per_refresh`` per request. None = no change."""

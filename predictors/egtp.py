@@ -138,6 +138,9 @@ class EGTP(HeadPredictor):
     def predict(self, rows, known=None):
         return self._estimate[np.asarray(rows, dtype=np.int64)]
 
+    def fixed_estimates(self) -> np.ndarray | None:
+        return self._estimate
+
     def cost(self, hardware: Hardware = DEFAULT_HARDWARE) -> PredictorCost:
         return egtp_cost(hardware.model, hardware.gpu)
 

@@ -115,6 +115,11 @@ class Head:
         return int(sum(op[1].size + op[2].size for op in self._ops if op[0] in ("linear", "layernorm")))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.forward(self.standardize(x))
+
+    def standardize(self, x: np.ndarray) -> np.ndarray:
+        """The head's input (float32 rows), standardised when it has a mean and scale: elementwise,
+        so rows standardised together or apart get the same bits."""
         x = np.asarray(x, dtype=np.float32)
         if x.ndim == 1:
             x = x[None, :]
@@ -122,6 +127,10 @@ class Head:
             raise ValueError(f"head {self.name}: input has {x.shape[1]} dimensions, expected {self.n_in}")
         if self.x_mean is not None:
             x = ((x.astype(np.float64) - self.x_mean) / self.x_scale).astype(np.float32)
+        return x
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """The ops on standardised float32 rows (:meth:`standardize`)."""
         for op in self._ops:
             kind = op[0]
             if kind == "linear":

@@ -91,15 +91,16 @@ def transition_matrix(k: int, bin_size: float) -> np.ndarray:
     return T
 
 
-def smooth(post_prev: np.ndarray, likelihood: np.ndarray, steps, T: np.ndarray) -> np.ndarray:
-    """One Bayesian update: (post_prev @ T^steps) ⊙ likelihood, renormalised (rows = requests)."""
+def smooth(post_prev: np.ndarray, likelihood: np.ndarray, steps, T: np.ndarray, power=None) -> np.ndarray:
+    """One Bayesian update: (post_prev @ T^steps) ⊙ likelihood, renormalised (rows = requests).
+    ``power(s)``: T^s (default ``np.linalg.matrix_power``; a cache of it gives the same bits)."""
     post_prev = np.atleast_2d(post_prev)
     likelihood = np.atleast_2d(likelihood)
     steps = np.broadcast_to(np.asarray(steps, dtype=np.int64), (post_prev.shape[0],))
     prior = np.empty_like(post_prev)
     for s in np.unique(steps):
         sel = steps == s
-        prior[sel] = post_prev[sel] @ np.linalg.matrix_power(T, int(s))
+        prior[sel] = post_prev[sel] @ (np.linalg.matrix_power(T, int(s)) if power is None else power(int(s)))
     post = prior * likelihood
     total = post.sum(axis=1, keepdims=True)
     bad = ~(total[:, 0] > 0)
@@ -209,6 +210,14 @@ class Trail(HeadPredictor):
         self._prior, self._probe = artifact.head("prior"), artifact.head("probe")
         self.use_refresh = refresh
         self.refresh_every = None
+        self._powers: dict[int, np.ndarray] = {}
+
+    def _power(self, steps: int) -> np.ndarray:
+        """T^steps, computed once per run length (``np.linalg.matrix_power``'s bits)."""
+        out = self._powers.get(steps)
+        if out is None:
+            out = self._powers[steps] = np.linalg.matrix_power(self.T, steps)
+        return out
 
     @classmethod
     def from_options(cls, options: PredictorOptions) -> Trail:
@@ -234,14 +243,17 @@ class Trail(HeadPredictor):
         self.prefilled = np.zeros(n, dtype=bool)
         self.used_g = np.zeros(n, dtype=np.int64)          # last decode vector consumed (0 = none)
         self.total = self._estimate(np.arange(n), np.zeros(n, dtype=np.int64))
-        self._vec_start = self._vec_end = None
+        self._prefill_std = self._probe.standardize(workload.feature(self.probe_column))
+        self._vec_start = None
         k = workload.metadata.get("decode_every_k")
         if self.use_refresh is not False and workload.decode_path is not None and k:
             rows, gen, vecs = workload.decode_vectors(self.decode_layer)
-            self._dec_gen, self._dec_vecs = gen, vecs
+            self._dec_gen = gen
             self._dec_lik = np.full((len(gen), self.k), np.nan)
             self._vec_start = np.searchsorted(rows, np.arange(n), side="left")
-            self._vec_end = np.searchsorted(rows, np.arange(n), side="right")
+            # (row, generated) as one sorted key: a refresh finds every row's latest vector at once
+            self._dec_key = (rows << 32) | gen
+            self._dec_std = self._probe.standardize(vecs)   # elementwise: the same bits as per call
             self.refresh_every = int(k)
         elif self.use_refresh is True:
             raise TraceError(f"predictor 'trail': refresh asked but trace {workload.name!r} has no decode "
@@ -255,18 +267,18 @@ class Trail(HeadPredictor):
         for s in np.unique(steps):
             if s > 0:
                 sel = steps == s
-                now[sel] = now[sel] @ np.linalg.matrix_power(self.T, int(s))
+                now[sel] = now[sel] @ self._power(int(s))
         upper = np.maximum(self.cap - generated, 1.0)
         return generated + np.clip(now @ self.mid, 1.0, upper)
 
     def _observe(self, rows: np.ndarray, at_g: np.ndarray, likelihood: np.ndarray) -> None:
-        self.post[rows] = smooth(self.post[rows], likelihood, at_g - self.g_post[rows], self.T)
+        self.post[rows] = smooth(self.post[rows], likelihood, at_g - self.g_post[rows], self.T, self._power)
         self.g_post[rows] = at_g
 
     def _apply_prefill(self, rows: np.ndarray) -> None:
         rows = rows[~self.prefilled[rows]]
         if len(rows):
-            lik = self.probe_probabilities(self.workload.feature(self.probe_column)[rows])
+            lik = softmax(self._probe.forward(self._prefill_std[rows]))
             self._observe(rows, np.ones(len(rows), dtype=np.int64), lik)
             self.prefilled[rows] = True
 
@@ -292,20 +304,16 @@ class Trail(HeadPredictor):
                 upd = rows[just_prefilled]
                 self.total[upd] = self._estimate(upd, generated[just_prefilled])
             return self.total[rows]
-        start, end = self._vec_start[rows], self._vec_end[rows]
-        pick = np.full(len(rows), -1, dtype=np.int64)
-        for i, (a, b, g) in enumerate(zip(start, end, generated)):
-            if b > a:
-                j = a + int(np.searchsorted(self._dec_gen[a:b], g, side="right")) - 1
-                if j >= a and self._dec_gen[j] > self.used_g[rows[i]]:
-                    pick[i] = j
-        new = pick >= 0
+        # each row's latest recorded vector at or below its generated count, if newer than the last used
+        pick = np.searchsorted(self._dec_key, (rows << 32) | generated, side="right") - 1
+        new = pick >= self._vec_start[rows]
+        new[new] = self._dec_gen[pick[new]] > self.used_g[rows[new]]
         fresh_rows = rows[new]
         if len(fresh_rows):
             idx = pick[new]
             need = idx[np.isnan(self._dec_lik[idx, 0])]
             if len(need):
-                self._dec_lik[need] = self.probe_probabilities(self._dec_vecs[need])
+                self._dec_lik[need] = softmax(self._probe.forward(self._dec_std[need]))
             at = self._dec_gen[idx]
             self._observe(fresh_rows, at, self._dec_lik[idx])
             self.used_g[fresh_rows] = at

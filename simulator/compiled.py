@@ -4,7 +4,9 @@ The reference engine (:mod:`simulator.engine`) stays the definition; this kernel
 same float64 arithmetic in the same order, so its outputs are byte-identical (the identity tests in
 ``tests/test_compiled.py`` hold it to that). It covers every predictor: no predictor, the oracles
 (estimates fixed at bind time, inside the kernel), arrival-stage predictors scored in Python when
-rows arrive, prefill-stage predictors predicted in Python after each prefilling step, re-estimates
+rows arrive, prefill-stage predictors predicted in Python after each prefilling step (estimates
+fixed per row at bind time, frozen ``leap`` and ``egtp``, are published in compiled code instead:
+:mod:`simulator.kernel_estimates`), re-estimates
 after prefill and during decode (TRAIL, LEAP with refresh) made in Python after the step that
 calls for them, and online learning (LEAP+RLS): the kernel buffers finished rows until a feedback
 batch is due, Python runs the predictor's feedback, and the CPU worker's publishes fire between
@@ -85,6 +87,7 @@ from simulator.kernel import (
     S_YIELDS,
     load_kernel,
 )
+from simulator.kernel_estimates import C_CPU_PER_PREDICTION, C_CPU_SPENT, C_TAP_FRACTION, load_publishing_kernel
 from simulator.prediction import refresh_due
 
 KERNELS = ("reference", "compiled")
@@ -211,12 +214,14 @@ class CompiledRun:
         self.ist[S_REFRESH_EVERY] = self.refresh_every
         self.ist[S_AFTER_PREFILL] = (self.mode == PRED_PYTHON
                                      and type(sim.predictor).after_prefill is not Predictor.after_prefill)
+        self.kernel_args = self._kernel_args()   # the same arrays every call, written in place
+        self.publishing = self._fixed_estimates_publisher(sim)
         self.advance(0)   # compiles the kernel (once per process) before the run's clock starts
 
-    def advance(self, max_steps: int) -> int:
+    def _kernel_args(self) -> tuple:
         t, cfg = self.table, self.cfg
-        return int(load_kernel()(
-            max_steps, t.arrival, t.prompt, t.length, self.predicted, self.mode, self.ordered, self.keys_on,
+        return (
+            t.arrival, t.prompt, t.length, self.predicted, self.mode, self.ordered, self.keys_on,
             cfg.decode_slots, cfg.wait_cap, cfg.prefill_token_budget, cfg.decodes_in_budget,
             -1 if cfg.kv_token_budget is None else cfg.kv_token_budget, cfg.max_resident, cfg.chunked_prefill,
             self.lock_c, self.kind, self.pi, self.pf, self.step_clock,
@@ -225,7 +230,30 @@ class CompiledRun:
             t.first_predicted, t.ready_s, t.prefilled, self.resident, self.heap_keys, self.heap_rows, self.scratch,
             self.chosen, self.admit, self.firsts, self.err,
             self.ord_rows, self.ord_keys, self.lru_prev, self.lru_next, self.rekey, self.done_rows, self.fb_rows,
-            self.fb_ends, self.gc, self.ist, self.fst))
+            self.fb_ends, self.gc, self.ist, self.fst)
+
+    def _fixed_estimates_publisher(self, sim) -> tuple | None:
+        """(estimates, cost) for :mod:`simulator.kernel_estimates` when a prefill-stage predictor's
+        estimates are fixed per row and it neither refreshes nor learns; else None."""
+        fixed = self.predictor.fixed_estimates() if self.mode == PRED_PREFILL else None
+        if fixed is None or self.refresh_every or self.ist[S_FB_BATCH]:
+            return None
+        cost = np.zeros(3, dtype=np.float64)
+        cost[C_CPU_PER_PREDICTION] = self.driver.cost.cpu_s_per_prediction if self.driver.charge_cost else 0.0
+        cost[C_TAP_FRACTION] = self.driver.cost.tap_fraction
+        cost[C_CPU_SPENT] = self.driver.cpu_s
+        return np.ascontiguousarray(fixed, dtype=np.float64), cost
+
+    def advance(self, max_steps: int) -> int:
+        if self.publishing is None:
+            return int(load_kernel()(max_steps, *self.kernel_args))
+        estimates, cost = self.publishing
+        t = self.table
+        cost[C_CPU_SPENT] = self.driver.cpu_s
+        done = load_publishing_kernel()(max_steps, estimates, cost, self.predicted, t.first_predicted, t.ready_s,
+                                        self.firsts, self.rekey, self.ist, self.fst, *self.kernel_args)
+        self.driver.cpu_s = float(cost[C_CPU_SPENT])
+        return int(done)
 
     @property
     def now(self) -> float:

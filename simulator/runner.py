@@ -195,6 +195,9 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
     """Load, validate and build everything; raises TraceError/ValueError before any output.
     ``trace``: ``config.trace`` already loaded (a sweep ships it to its workers once)."""
     trace = trace if trace is not None else load_trace(config.trace)
+    # a workload of whole copies of the trace (and a partial last one) has the trace's mix, so its
+    # capacity is the trace's: measured once per trace and settings (cached) at every tile size
+    mix = trace if config.tile is not None and config.tile >= len(trace) and config.requests is None else None
     if config.tile is not None:
         trace = tile_trace(trace, config.tile)
     workload = trace if config.requests is None else trace.take(np.arange(min(config.requests, len(trace))))
@@ -219,7 +222,7 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
         if config.arrivals.kind == "closed":
             window = config.arrivals.window or recorded_window(trace)
     else:
-        capacity = measure_capacity(workload, profile, engine_config, kernel=config.kernel)
+        capacity = measure_capacity(mix if mix is not None else workload, profile, engine_config, kernel=config.kernel)
         assert config.load is not None   # RunConfig refuses a rate-driven run without a load
         rate = config.load * capacity
         arrival_s = make_arrivals(config.arrivals, workload, rate, config.seed)

@@ -49,12 +49,14 @@ def test_bench_simulator_runs(tmp_path):
     path = tmp_path / "tiny.parquet"
     pq.write_table(trace.table.replace_schema_metadata(trace_metadata()), path)
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_simulator.py"), "--trace", str(path),
-                           "--requests", "150", "--repeat", "1"], capture_output=True, text=True,
-                          env=bench_env(tmp_path), cwd=tmp_path, timeout=600)
+                           "--requests", "150", "--repeat", "1", "--scale", "300,600"], capture_output=True,
+                          text=True, env=bench_env(tmp_path), cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "150 requests (tiled from 40)" in proc.stdout
     assert proc.stdout.count("requests/CPU-s") == 6   # 3 cases x (reference, compiled)
     assert proc.stdout.count("identical finish times") == 3
+    if "compiled kernel unavailable" not in proc.stdout:   # prepare against the loop at each --scale size
+        assert "prepare vs loop" in proc.stdout and proc.stdout.count("us per request in all") == 2
 
 
 def test_bench_leap_runs(tmp_path):

@@ -84,3 +84,21 @@ def test_invalid_capacity_cache_entry_is_named_and_recomputed(tmp_path, capsys, 
     assert err.count("\n") == 1 and str(path) in err and key in err
     table = json.loads(path.read_text())
     assert table[key]["capacity_req_s"] == pytest.approx(2 / 3) and table["other"] == {"capacity_req_s": 1.0}
+
+
+def test_a_tiled_run_gets_its_traces_capacity_measured_once(monkeypatch):
+    """`--tile N` (whole copies, the same mix) runs at the trace's own capacity at every size, so a
+    scaling study pays for one capacity measurement; a cut below the trace's size measures its own."""
+    import simulator.runner as runner
+    from simulator.runner import RunConfig, prepare
+
+    measured = []
+    monkeypatch.setattr(runner, "measure_capacity",
+                        lambda workload, *a, **k: measured.append(len(workload)) or measure_capacity(workload, *a, **k))
+    base = prepare(RunConfig(trace=TRACE, requests=None, load=1.0)).capacity_req_s
+    n = len(load_trace(TRACE))
+    tiled = [prepare(RunConfig(trace=TRACE, tile=size, load=1.0)).capacity_req_s for size in (n, 2 * n + 7)]
+    assert tiled == [base, base]
+    assert measured == [n, n, n]
+    cut = prepare(RunConfig(trace=TRACE, tile=n // 2, load=1.0)).capacity_req_s
+    assert measured[-1] == n // 2 and cut != base

@@ -109,6 +109,10 @@ class Leap(Predictor):
     def predict(self, rows, known=None) -> np.ndarray:
         return self._pred[np.asarray(rows, dtype=np.int64)]
 
+    def fixed_estimates(self) -> np.ndarray | None:
+        """The read-out of the whole trace, computed in ``bind`` (not with refresh: it rewrites them)."""
+        return None if self.use_refresh else self._pred
+
     def refresh(self, rows, generated) -> np.ndarray:
         """Re-estimated totals from the latest recorded decode state (see :mod:`predictors.leap.refresh`)."""
         rows = np.asarray(rows, dtype=np.int64)

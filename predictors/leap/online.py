@@ -64,6 +64,9 @@ class LeapRLS(Leap):
         theta = self._published
         return self._readout.output(self._Z[rows].astype(np.float64) @ theta[:-1] + theta[-1])
 
+    def fixed_estimates(self) -> np.ndarray | None:
+        return None   # each publish changes the weights
+
     def feedback(self, rows, output_tokens) -> PendingUpdate | None:
         rows = np.asarray(rows, dtype=np.int64).ravel()
         lengths = np.asarray(output_tokens, dtype=np.float64).ravel()

@@ -1,0 +1,95 @@
+"""Prefill estimates fixed at bind time, published inside compiled code.
+
+A prefill-stage predictor whose estimate of a row never changes once it is bound (frozen ``leap``,
+``egtp``: a read-out of fixed features computed for the whole trace in ``bind``) needs no Python
+call after a prefilling step: :func:`_run_publishing_fixed` runs the kernel
+(:func:`simulator.kernel._run_steps`) and, each time it stops after such a step, does what
+:meth:`simulator.compiled.CompiledRun.predict_after_prefill` does, with the same float64
+arithmetic in the same order, then runs the kernel on. It hands the step back to Python untouched
+when the estimate is ready only after the step's end (a SimPy event is due) or when an earlier
+event is pending, so Python keeps every case with events. Without it each prefilling step costs
+a return to Python (~25 us of call overhead against ~1 us of compiled step), which held frozen
+``leap`` to a third of the engine's rate.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+from simulator.kernel import (
+    AFTER_STEP,
+    DONE_OR_CHUNK,
+    F_DURATION,
+    F_NEXT_EVENT,
+    F_START,
+    S_N_FIRST,
+    S_REKEY,
+    S_STATUS,
+    load_kernel,
+)
+
+# float settings of the publish (the `cost` array): CPU seconds per prediction (0 without costs),
+# the share of a prefill step done when the tapped layer is reached, and the predictor's CPU seconds
+# spent so far (PredictionDriver.cpu_s, carried across calls)
+C_CPU_PER_PREDICTION, C_TAP_FRACTION, C_CPU_SPENT = range(3)
+
+
+def _publish_fixed(estimates, cost, predicted, first_predicted, ready_s, firsts, rekey, ist, fst):
+    """CompiledRun.predict_after_prefill for the step just landed, when its estimates are ready by
+    the step's end; returns False (nothing touched) when they are not, or an event is pending."""
+    n_first = ist[S_N_FIRST]
+    start, duration = fst[F_START], fst[F_DURATION]
+    cpu = cost[C_CPU_PER_PREDICTION] * n_first
+    ready = start + cost[C_TAP_FRACTION] * duration + cpu
+    end = start + duration
+    if fst[F_NEXT_EVENT] != math.inf or not ready <= end:   # an event is pending, or the estimate is late
+        return False
+    cost[C_CPU_SPENT] += cpu
+    for j in range(n_first):      # RequestTable.set_predictions(rows, estimates[rows], end)
+        r = firsts[j]
+        predicted[r] = estimates[r]
+        if first_predicted[r] != first_predicted[r]:
+            first_predicted[r] = predicted[r]
+            ready_s[r] = end
+    k = ist[S_REKEY]              # CompiledRun._set_estimates: the kernel moves them in its order
+    if k + n_first > rekey.shape[0]:
+        ist[S_REKEY] = rekey.shape[0]
+    else:
+        for j in range(n_first):
+            rekey[k + j] = firsts[j]
+        ist[S_REKEY] = k + n_first
+    return True
+
+
+def _run_publishing_fixed(max_steps, estimates, cost, predicted, first_predicted, ready_s, firsts, rekey, ist,
+                          fst, *kernel_args):
+    """Up to ``max_steps`` kernel steps; after a prefilling step its fixed estimates are published
+    here unless Python must (then the kernel's AFTER_STEP status is returned)."""
+    done = 0
+    while True:
+        done += _kernel(max_steps - done, *kernel_args)
+        if ist[S_STATUS] != AFTER_STEP or not _publish_fixed(estimates, cost, predicted, first_predicted,
+                                                              ready_s, firsts, rekey, ist, fst):
+            return done
+        if done >= max_steps:
+            ist[S_STATUS] = DONE_OR_CHUNK
+            return done
+
+
+_kernel: Any = None   # the jitted kernel, set before the first compile
+
+
+@functools.lru_cache(maxsize=1)
+def load_publishing_kernel():
+    """The jitted :func:`_run_publishing_fixed` (None without numba)."""
+    global _kernel, _publish_fixed
+    kernel = load_kernel()
+    if kernel is None:
+        return None
+    import numba
+
+    _kernel = kernel
+    _publish_fixed = numba.njit(nogil=True)(_publish_fixed)
+    return numba.njit(nogil=True)(_run_publishing_fixed)
