@@ -30,7 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.trace import REQUIRED_COLUMNS, bundled_trace_names, load_trace, tile_trace  # noqa: E402
+from core.contract import REQUIRED_COLUMNS  # noqa: E402
+from core.trace import bundled_trace_names, load_trace, tile_trace  # noqa: E402
 from simulator.runner import RunConfig, execute, prepare  # noqa: E402
 
 TILE_SEED = 0
