@@ -55,6 +55,9 @@ def test_bench_simulator_runs(tmp_path):
     assert "150 requests (tiled from 40)" in proc.stdout
     assert proc.stdout.count("requests/CPU-s") == 6   # 3 cases x (reference, compiled)
     assert proc.stdout.count("identical finish times") == 3
+    if "compiled kernel start-up" in proc.stdout:   # with numba: the second process loads the cached kernel
+        line = next(x for x in proc.stdout.splitlines() if "compiled kernel start-up" in x)
+        assert "first process" in line and "second" in line and "failed" not in line, line
 
 
 def test_bench_leap_runs(tmp_path):
