@@ -219,7 +219,7 @@ class CompiledRun:
         self.ist[S_REFRESH_EVERY] = self.refresh_every
         self.ist[S_AFTER_PREFILL] = (self.mode == PRED_PYTHON
                                      and type(sim.predictor).after_prefill is not Predictor.after_prefill)
-        self.advance(0)   # compiles the kernel (once per process) before the run's clock starts
+        self.advance(0)   # compiles the kernel or loads it from the cache, before the run's clock starts
 
     def advance(self, max_steps: int) -> int:
         t, cfg = self.table, self.cfg
