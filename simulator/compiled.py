@@ -216,7 +216,7 @@ class CompiledRun:
                                      and type(sim.predictor).after_prefill is not Predictor.after_prefill)
         self.kernel_args = self._kernel_args()   # the same arrays every call, written in place
         self.publishing = self._fixed_estimates_publisher(sim)
-        self.advance(0)   # compiles the kernel (once per process) before the run's clock starts
+        self.advance(0)   # compiles the kernel or loads it from the cache, before the run's clock starts
 
     def _kernel_args(self) -> tuple:
         t, cfg = self.table, self.cfg

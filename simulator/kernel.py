@@ -19,7 +19,11 @@ end is placed as SimPy places it (see :mod:`simulator.compiled`).
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
+import os
+
+import numpy as np
 
 from policies.countdown import REMAINING_FLOOR
 
@@ -94,34 +98,62 @@ def _py_hypot(a, b):
 
 
 def _pairwise(a, lo, n):
-    """numpy's pairwise float64 sum of a[lo:lo+n] (its add.reduce of a contiguous array)."""
+    """numpy's pairwise float64 sum of a[lo:lo+n] (its add.reduce of a contiguous array). numpy
+    recurses on halves above 128; here that walk runs on a stack (the same additions in the same
+    order), because numba cannot reload a cached recursive function (it segfaults, numba#6061)."""
+    if n <= 128:
+        return _pairwise_block(a, lo, n)
+    starts, sizes = np.empty(64, np.int64), np.empty(64, np.int64)   # depth < 64 for any int64 n
+    stages, sums = np.zeros(64, np.int64), np.empty(64, np.float64)
+    starts[0], sizes[0], top, n_sums = lo, n, 0, 0
+    while top >= 0:
+        m = sizes[top]
+        if m <= 128:
+            sums[n_sums] = _pairwise_block(a, starts[top], m)
+            n_sums += 1
+            top -= 1
+            continue
+        n2 = m // 2
+        n2 -= n2 % 8
+        if stages[top] < 2:                    # push the left half, then the right one
+            first = stages[top] == 0
+            stages[top] += 1
+            starts[top + 1] = starts[top] if first else starts[top] + n2
+            sizes[top + 1] = n2 if first else m - n2
+            stages[top + 1] = 0
+            top += 1
+        else:                                  # both halves summed: left + right, as numpy adds them
+            sums[n_sums - 2] = sums[n_sums - 2] + sums[n_sums - 1]
+            n_sums -= 1
+            top -= 1
+    return sums[0]
+
+
+def _pairwise_block(a, lo, n):
+    """numpy's sum of at most 128 values: in order below 8, else eight interleaved partial sums."""
     if n < 8:
         res = 0.0
         for i in range(lo, lo + n):
             res += a[i]
         return res
-    if n <= 128:
-        r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
-        r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
-        i = 8
-        while i < n - (n % 8):
-            r0 += a[lo + i]
-            r1 += a[lo + i + 1]
-            r2 += a[lo + i + 2]
-            r3 += a[lo + i + 3]
-            r4 += a[lo + i + 4]
-            r5 += a[lo + i + 5]
-            r6 += a[lo + i + 6]
-            r7 += a[lo + i + 7]
-            i += 8
-        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-        while i < n:
-            res += a[lo + i]
-            i += 1
-        return res
-    n2 = n // 2
-    n2 -= n2 % 8
-    return _pairwise(a, lo, n2) + _pairwise(a, lo + n2, n - n2)
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = 8
+    while i < n - (n % 8):
+        r0 += a[lo + i]
+        r1 += a[lo + i + 1]
+        r2 += a[lo + i + 2]
+        r3 += a[lo + i + 3]
+        r4 += a[lo + i + 4]
+        r5 += a[lo + i + 5]
+        r6 += a[lo + i + 6]
+        r7 += a[lo + i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
 
 
 def _step_time(kind, pi, pf, prefill_tokens, prefill_sq, decode_batch, decode_context):
@@ -637,21 +669,38 @@ def _run_steps(max_steps, arrival, prompt, length, predicted, pred_mode, ordered
     return done_steps
 
 
-_JITTED = ("_dl_split", "_dl_mul", "_py_hypot", "_pairwise", "_step_time", "_locked", "_before", "_key",
+_JITTED = ("_dl_split", "_dl_mul", "_py_hypot", "_pairwise_block", "_pairwise", "_step_time", "_locked", "_before", "_key",
            "_rekey_sort", "_ord_insert", "_lru_append", "_heap_push", "_heap_pop")
+
+
+def numba_cache_folder() -> str:
+    """Where numba caches this kernel: ``$NUMBA_CACHE_DIR``, else leap-sched's cache, in a folder
+    named by the values compiled in from other modules. numba re-validates a cached function by
+    its own file's stamp only, so a changed ``REMAINING_FLOOR`` must lead to another folder."""
+    from core.io import cache_dir
+
+    key = hashlib.sha256(repr(("REMAINING_FLOOR", REMAINING_FLOOR)).encode()).hexdigest()[:12]
+    base = os.environ.get("NUMBA_CACHE_DIR") or str(cache_dir() / "numba")
+    return os.path.join(base, f"kernel-{key}")
 
 
 @functools.lru_cache(maxsize=1)
 def load_kernel():
     """The jitted step function, or None without numba. Imported on first use, so reference runs
     never pay for numba; the helpers are jitted in place (the kernel calls them by module name).
-    Not cached on disk: a cached kernel crashed on reload (numba 0.65), so it compiles per process."""
+    Cached on disk by numba (:func:`numba_cache_folder`), so only the first process after a change
+    compiles. The cache used to crash on reload: ``_pairwise`` was recursive, which numba cannot
+    reload (numba#6061); it walks a stack now."""
     try:
         import numba
     except ImportError:
         return None
-    jit = numba.njit(nogil=True)
+    jit = numba.njit(nogil=True, cache=True)
     module = globals()
-    for name in _JITTED:
-        module[name] = jit(module[name])
-    return jit(_run_steps)
+    saved, numba.config.CACHE_DIR = numba.config.CACHE_DIR, numba_cache_folder()   # read when jitted
+    try:
+        for name in _JITTED:
+            module[name] = jit(module[name])
+        return jit(_run_steps)
+    finally:
+        numba.config.CACHE_DIR = saved
