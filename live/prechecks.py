@@ -21,10 +21,11 @@ def check_resume(resume: bool, out: Path | None) -> None:
                            "drop --resume to start a new run")
 
 
-def check_arrivals_file(arrivals: str | None) -> None:
+def check_arrivals_file(arrivals: str | None, clock: str = "seconds") -> None:
     """A CSV of arrival times is read now, so that an empty or unreadable one is refused before the
-    engine starts (it is read again when the arrival times are planned)."""
-    if arrivals is None or arrivals == "poisson":
+    engine starts (it is read again when the arrival times are planned). A CSV of arrival steps
+    (``--clock steps``) is checked by :mod:`live.stepclock` instead."""
+    if arrivals is None or arrivals == "poisson" or clock == "steps":
         return
     from core.arrivals import read_timestamps_csv
 

@@ -344,7 +344,7 @@ def serve_main(argv) -> int:
         if (out.exists() or parts.exists()) and not (args.resume or args.overwrite):
             raise CaptureError(f"{out} (or its .parts) exists; use --resume to continue or --overwrite")
     prechecks.check_resume(args.resume, out)
-    prechecks.check_arrivals_file(args.arrivals)
+    prechecks.check_arrivals_file(args.arrivals, args.clock)
     live = live_config(args)
     engine_overrides = scheduler_engine_args(live)
 

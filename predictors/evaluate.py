@@ -231,7 +231,8 @@ def _print_table(rows: list[dict], keys: list[tuple[str, str]], title: str, wide
     width = output_width(PIPED_WIDTH)
     table, console_width, dropped = fitted_table(build, [k for k, _ in keys], DROP_ORDER, width, wide)
     console = Console(width=console_width, highlight=False)
-    console.print(title, style="italic", soft_wrap=True)
+    # the title names trace paths of any length: wrapped at the terminal (--wide: never wrapped)
+    console.print(title, style="italic", soft_wrap=wide, width=None if wide else width)
     console.print(table)
     if dropped:
         console.print(f"not shown at {width} columns: {', '.join(labels[k] for k in dropped)} (--wide shows "

@@ -8,8 +8,16 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The compiled-kernel tests run last: once numba's compiled objects are in ``sys.modules``,
+    """vLLM engines first, the compiled-kernel tests last: once numba's compiled objects are in ``sys.modules``,
     vLLM 0.32's triton dispatcher (its scan of every module at engine start) fails on one of them
     ('_lib_fn_wrapper' object has no attribute 'get'), so a vLLM engine started later in the same
     process does not come up. A real run uses one or the other, never both in one process."""
-    items.sort(key=lambda item: item.path.name == "test_compiled.py")
+    items.sort(key=_run_order)
+
+
+def _run_order(item) -> int:
+    """Tests that start a vLLM engine in this process (marker ``capture``) first, the compiled-kernel
+    identity tests last, everything else (some of which runs the kernel) between."""
+    if item.get_closest_marker("capture") is not None:
+        return 0
+    return 2 if item.path.name == "test_compiled.py" else 1
