@@ -18,22 +18,15 @@
 # host by the calibration (capacity x the committed alpaca200-fcfs-1.3 run's median step time over
 # the calibration's profile for the same steps), so that LOAD means the same queueing pressure.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-PY="${PY:-$ROOT/.venv-capture/bin/python}"
-CPU="${CPU:-1}"
-N="${N:-200}"
+source "$(dirname "${BASH_SOURCE[0]}")/live_env.sh"
 REPEATS="${REPEATS:-3}"
 LOAD="${LOAD:-1.3}"
 POLICIES=(${POLICIES:-fcfs leap leap-rls oracle})
-MAXLEN="${MAXLEN:-256}"
 OUTDIR="${OUTDIR:-traces/live/interleaved}"
 CALDIR="${CALDIR:-traces/live/calibration}"
 READOUT="${READOUT:-traces/live/leap_readout_lmsys.npz}"
 SET="${SET:-alpaca$N-$LOAD}"
 CAL="$CALDIR/$SET"
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 mkdir -p "$OUTDIR" "$CALDIR"
 
 declare -A POLICY=([fcfs]="fcfs none" [leap]="countdown leap" [leap-rls]="countdown leap-rls"

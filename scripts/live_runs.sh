@@ -16,16 +16,9 @@
 # recorded output_tokens capped at MAXLEN (256); 64 resident, 16 decode slots, wait cap 128;
 # the LEAP read-out is trained on lmsys (out of sample for alpaca).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-PY="${PY:-$ROOT/.venv-capture/bin/python}"
-CPU="${CPU:-1}"
-N="${N:-200}"
-MAXLEN="${MAXLEN:-256}"
+source "$(dirname "${BASH_SOURCE[0]}")/live_env.sh"
 OUTDIR="${OUTDIR:-traces/live}"
 READOUT="${READOUT:-$OUTDIR/leap_readout_lmsys.npz}"
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 COMMON=(--from traces/alpaca.parquet --requests "$N" --force-lengths --max-length "$MAXLEN"
         --max-resident 64 --decode-slots 16 --wait-cap 128 --threads "$CPU" --seed 0)

@@ -19,16 +19,9 @@
 # budget 2048, forced lengths capped at MAXLEN (256). The LEAP read-out is out of sample for the
 # workload: trained on lmsys for alpaca, on alpaca for lmsys.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-PY="${PY:-$ROOT/.venv-capture/bin/python}"
-CPU="${CPU:-1}"
-N="${N:-200}"
-MAXLEN="${MAXLEN:-256}"
+source "$(dirname "${BASH_SOURCE[0]}")/live_env.sh"
 OUTDIR="${OUTDIR:-traces/live}"
 WORKLOADS="${WORKLOADS:-alpaca lmsys}"
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 declare -A READOUT_TRAIN=([alpaca]=lmsys [lmsys]=alpaca)
 # name -> policy predictor load
