@@ -12,23 +12,22 @@ from pathlib import Path
 import numpy as np
 
 from core.trace import Trace
-from simulator.runner import NO_PREDICTOR
+from predictors.live import LIVE_PREDICTORS
 from simulator.serving import serving_meta
 
-#: live predictor name -> simulator predictor name (identical by construction)
-LIVE_PREDICTORS = {"none": NO_PREDICTOR, "oracle": "oracle", "leap": "leap", "leap-rls": "leap-rls", "ssjf": "ssjf"}
 #: simulator predictors fitted on the training trace of the live run's read-out
 READOUT_PREDICTORS = ("leap", "leap-rls")
 
 
 def simulator_twin(trace: Trace, replayable=None, what: str = "simulator counterpart") -> tuple[str, str]:
-    """(live predictor, its simulator twin) of a serving run; ValueError naming the run when the live
-    predictor is not among ``replayable`` (default: every live predictor)."""
+    """(live predictor, its simulator twin: :data:`predictors.live.LIVE_PREDICTORS`) of a serving run;
+    ValueError naming the run when the live predictor is not among ``replayable`` (default: every
+    live predictor)."""
     live_pred = str(serving_meta(trace).get("predictor", "none"))
-    known = LIVE_PREDICTORS if replayable is None else {k: LIVE_PREDICTORS[k] for k in replayable}
+    known = list(LIVE_PREDICTORS if replayable is None else replayable)
     if live_pred not in known:
         raise ValueError(f"trace {trace.name!r}: live predictor {live_pred!r} has no {what} ({', '.join(known)})")
-    return live_pred, known[live_pred]
+    return live_pred, LIVE_PREDICTORS[live_pred].twin
 
 
 def update_every(trace: Trace) -> int:

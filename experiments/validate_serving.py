@@ -175,9 +175,9 @@ def validate_serving(trace: Trace, profile_from: Trace, predictor_cost: str = "n
     if trace.arrival_s is None or "e2e_s" not in trace.table.column_names:
         raise ValueError(f"trace {trace.name!r}: no arrival_s/e2e_s; nothing to replay as served")
     from policies import make_policy
-    from predictors import make_predictor
+    from predictors import PREDICTORS
 
-    sim_orders = (predictor_name != NO_PREDICTOR and make_predictor(predictor_name).stage == "arrival"
+    sim_orders = (predictor_name != NO_PREDICTOR and PREDICTORS[predictor_name].stage == "arrival"
                   and make_policy(policy_name).uses_predictions)
     check_admission_order(trace, sim_orders, f"{policy_name} + {live_pred}")
     source = source_trace(trace)

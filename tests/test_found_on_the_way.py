@@ -155,7 +155,7 @@ def test_prompt_text_present_passes():
 
 
 def test_a_readout_of_another_width_is_refused_before_the_engine(tmp_path):
-    """A read-out for hidden size 576 against a model whose config says 64 (live.cli's check)."""
+    """A read-out for hidden size 576 against a model whose config says 64 (leap_sched.vllm.check's check)."""
     from live.config import LiveSchedulerConfig
 
     readout = LIVE / "leap_readout_lmsys.npz"
