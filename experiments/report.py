@@ -37,7 +37,7 @@ import numpy as np
 
 from core.arrivals import parse_load
 from core.checks import MAX_NUMPY_SEED, bounded_int, output_path
-from core.cli import OneLineParser, run_command
+from core.errors import OneLineParser, run_command
 from core.io import DATA_DIR_ENV, DataDirMissing, atomic_write_bytes, data_dir
 from core.trace import TraceError, bundled_trace_names, load_trace
 from experiments.report_output import Progress, check_out, move_into_place
@@ -395,7 +395,7 @@ def _loads(flag: str, text: str) -> list[float]:
 
 
 def main(argv=None) -> int:
-    """``leap-report``: bad input is one line and exit 2 (``core.cli``); output is replaced only
+    """``leap-report``: bad input is one line and exit 2 (``core.errors``); output is replaced only
     when the whole report is written."""
     return run_command(_report, argv, "leap-report", input_errors=(TraceError, ValueError, OSError))
 
@@ -439,7 +439,7 @@ def _report(argv: list[str]) -> int:
         raise
     except (TraceError, ValueError, OSError):
         _close(progress)
-        raise   # one line, exit 2 (core.cli.run_command)
+        raise   # one line, exit 2 (core.errors.run_command)
     except (KeyboardInterrupt, Stopped, SweepInterrupted) as exc:
         _close(progress)
         code = exc.exit_code if isinstance(exc, SweepInterrupted) else 128 + getattr(exc, "signum", signal.SIGINT)

@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 
-from core.cli import OneLineParser, run_command
+from core.errors import OneLineParser, run_command
 from core.trace import Trace, TraceError, load_trace
 from experiments.gains import add_gain_intervals, gains_section, load_profile_source
 from experiments.replay_errors import replay_errors
@@ -109,7 +109,7 @@ def report_section(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``leap-validate``: bad input is one line and exit 2 (``core.cli``)."""
+    """``leap-validate``: bad input is one line and exit 2 (``core.errors``)."""
     return run_command(_validate, argv, PROG, input_errors=(TraceError, ValueError, OSError))
 
 
