@@ -5,10 +5,10 @@ Heavy dependencies (torch, vllm, transformers) are imported lazily so that ``cap
 and the input checks work in any environment.
 """
 
-from core.cli import UsageError
+from core.errors import UsageError
 
 __all__ = ["CaptureError"]
 
 
 class CaptureError(UsageError):
-    """A user-facing error: printed as one line on stderr, exit code 2 (``core.cli``)."""
+    """A user-facing error: printed as one line on stderr, exit code 2 (``core.errors``)."""

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from core.cli import OneLineParser, run_command
+from core.errors import OneLineParser, run_command
 
 from . import CaptureError
 
@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def guarded(command: Callable[[list[str]], int | None], argv: Sequence[str] | None, prog: str = PROG) -> int:
-    """Run ``command(argv)`` with the capture commands' error path (``core.cli.run_command``): a
+    """Run ``command(argv)`` with the capture commands' error path (``core.errors.run_command``): a
     CaptureError or a bad flag is one line and exit 2, Ctrl-C says how to resume, anything else
     one line (exit 1; LEAP_DEBUG=1 shows the traceback)."""
     return run_command(command, argv, prog, interrupt_hint=INTERRUPT_HINT)

@@ -159,7 +159,7 @@ def _merge_crosscheck(metas) -> dict:
 
 
 def merge_main(argv) -> int:
-    from core.cli import OneLineParser
+    from core.errors import OneLineParser
 
     ap = OneLineParser(prog="capture-traces merge",
                        description="merge shard traces (same settings, disjoint prompts) into one")

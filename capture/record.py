@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from core.checks import bounded_int, finite_float, output_path
-from core.cli import OneLineParser
+from core.errors import OneLineParser
 from core.io import atomic_write_bytes
 
 from . import CaptureError

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.cli import OneLineParser
+from core.errors import OneLineParser
 from core.metrics import spearman
 from core.readout import fit_readout, out_of_fold_predictions
 from core.trace import METADATA_KEY, SCHEMA_VERSION, Trace, TraceError, load_trace, trace_content_hash, validate_table

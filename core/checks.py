@@ -1,6 +1,6 @@
 """Checks of command-line values shared by every console script, one helper per kind of bad input,
 so that each kind is refused the same way everywhere: one line naming the flag (and the value),
-before any work starts or anything is written (``core.cli`` turns the error into exit status 2).
+before any work starts or anything is written (``core.errors`` turns the error into exit status 2).
 
 - sizes (:func:`bounded_int`): a count or size above what the command can hold is refused before
   anything is allocated, instead of a MemoryError or a run of hours;
@@ -21,7 +21,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from core.cli import UsageError
+from core.errors import UsageError
 
 #: Largest seed a run may use: results tables store seeds as int64.
 MAX_NUMPY_SEED = 2**63 - 1

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from core.arrivals import parse_load
 from core.checks import bounded_int, output_path, split_list
-from core.cli import OneLineParser, UsageError, run_command
+from core.errors import OneLineParser, UsageError, run_command
 from core.io import remove_stale_temps
 from core.trace import TraceError, bundled_trace_names, load_trace
 from experiments.sweep import (
@@ -380,7 +380,7 @@ def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``simulate``: bad input (flags, traces, settings, ``--out``) is one line and exit 2 (``core.cli``)."""
+    """``simulate``: bad input (flags, traces, settings, ``--out``) is one line and exit 2 (``core.errors``)."""
     return run_command(_run_cleanly, argv, PROG, input_errors=(TraceError, ValueError, OSError))
 
 

@@ -9,10 +9,10 @@ Two things every command needs before its own code loads:
   one thread the same seed gives the same figures on any machine. Worker processes (sweeps, Ray)
   inherit the environment. The variables are only defaults: a value the user exported is kept.
 - A closed output pipe (``simulate --json | head``) ends the command quietly, as it does ``head``'s
-  other writers, instead of a "Broken pipe" error (the commands' one error path, ``core.cli``,
+  other writers, instead of a "Broken pipe" error (the commands' one error path, ``core.errors``,
   does the same for a pipe closed during the command; this covers the final flush).
 
-This module imports nothing heavy (``core.cli`` neither): it must run before numpy is loaded.
+This module imports nothing heavy (``core.errors`` neither): it must run before numpy is loaded.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import importlib
 import os
 import sys
 
-from core.cli import BROKEN_PIPE_STATUS, quiet_stdout
+from core.errors import BROKEN_PIPE_STATUS, quiet_stdout
 
 #: BLAS/OpenMP thread variables pinned to 1 unless already set.
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")

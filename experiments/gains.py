@@ -28,16 +28,11 @@ from typing import cast
 import numpy as np
 
 from core.trace import Trace
-from experiments.validate_serving import (
-    is_fcfs_run,
-    measured,
-    serving_load,
-    serving_workload,
-    serving_workload_key,
-    source_trace,
-    validate_serving,
-)
+from experiments.serving_replay import serving_workload
+from experiments.serving_runs import is_fcfs_run, serving_load, serving_workload_key
+from experiments.validate_serving import measured, validate_serving
 from simulator.profiles.calibration import CALIBRATION_SUFFIX, Calibration, load_calibration
+from simulator.serving import source_trace
 
 BOOTSTRAP_SAMPLES = 2000
 BOOTSTRAP_SEED = 0

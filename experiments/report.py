@@ -36,10 +36,12 @@ from pathlib import Path
 import numpy as np
 
 from core.arrivals import parse_load
-from core.checks import MAX_NUMPY_SEED, bounded_int, check_writable, output_path
-from core.cli import OneLineParser, run_command
+from core.checks import MAX_NUMPY_SEED, bounded_int, output_path
+from core.errors import OneLineParser, run_command
 from core.io import DATA_DIR_ENV, DataDirMissing, atomic_write_bytes, data_dir
 from core.trace import TraceError, bundled_trace_names, load_trace
+from experiments.report_output import Progress, check_out, move_into_place
+from experiments.serving_render import check_serving_runs, live_report_section
 from experiments.sweep import (
     Stopped,
     SweepInterrupted,
@@ -49,7 +51,6 @@ from experiments.sweep import (
     sigterm_raises_stopped,
     write_results,
 )
-from experiments.validate_serving import check_serving_runs, live_report_section
 from predictors import LEARNED, PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.runner import NO_PREDICTOR, RunConfig, prepare
@@ -107,32 +108,6 @@ class Section:
     title: str
     experiments: list[Experiment] = field(default_factory=list)
     render: Callable[[dict[str, list[dict]]], str] = lambda rows: ""   # rows by experiment -> Markdown
-
-
-class Progress:
-    """One terse line on stderr per finished run (rewritten in place on a terminal)."""
-
-    def __init__(self, total_runs: int, stream=None):
-        self.total, self.done, self.started = total_runs, 0, time.monotonic()
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = self.stream.isatty()
-
-    def say(self, text: str) -> None:
-        line = f"leap-report: {text}, {time.monotonic() - self.started:.0f} s"
-        if self.tty:
-            self.stream.write("\r\033[K" + line)
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-    def run_finished(self, experiment: str, i: int, n: int) -> None:
-        self.done += 1
-        self.say(f"{experiment} run {i}/{n} ({self.done}/{self.total} in all)")
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 class Report:
@@ -419,37 +394,8 @@ def _loads(flag: str, text: str) -> list[float]:
         raise ValueError(f"{flag} {text!r}: expected positive multiples of capacity such as 0.5,1,1.5x") from None
 
 
-def _check_out(out: Path) -> None:
-    """--out must be (or become) a folder in which report.md and report/ can be replaced."""
-    blocker = next((p for p in [out, *out.parents] if p.exists() and not p.is_dir()), None)
-    if blocker is not None:
-        raise ValueError(f"--out {out}: {blocker} exists and is not a folder")
-    for name, folder in (("report.md", False), ("report", True)):
-        path = out / name
-        if path.exists() and path.is_dir() != folder:
-            raise ValueError(f"--out {out}: {path} is in the way (expected a {'folder' if folder else 'file'})")
-    check_writable("--out", out)
-    for stale in out.glob(".leap-report-*") if out.is_dir() else ():   # stages of a killed earlier report
-        shutil.rmtree(stale, ignore_errors=True)
-
-
-def _move_into_place(stage: Path, out: Path) -> None:
-    """The new report/ and report.md replace the old ones, each by one rename, only once all is written."""
-    target = out / "report"
-    old = stage / "report.old"   # the stage lies inside out: same file system, renames are atomic
-    if target.exists():
-        os.rename(target, old)
-    try:
-        os.rename(stage / "report", target)
-    except BaseException:
-        if old.exists():
-            os.rename(old, target)
-        raise
-    os.replace(stage / "report.md", out / "report.md")
-
-
 def main(argv=None) -> int:
-    """``leap-report``: bad input is one line and exit 2 (``core.cli``); output is replaced only
+    """``leap-report``: bad input is one line and exit 2 (``core.errors``); output is replaced only
     when the whole report is written."""
     return run_command(_report, argv, "leap-report", input_errors=(TraceError, ValueError, OSError))
 
@@ -476,7 +422,7 @@ def _report(argv: list[str]) -> int:
                 raise ValueError("--requests must be >= 2")
             if args.jobs < 1:
                 raise ValueError("--jobs must be >= 1")
-            _check_out(args.out)
+            check_out(args.out)
             report = Report(args.requests, args.jobs, args.seed)
             sections = report.plan(loads, table3_load)
             report.check(sections)   # every dependency and input, before any run or output
@@ -488,12 +434,12 @@ def _report(argv: list[str]) -> int:
             texts = report.execute(sections, stage, work, progress)
             command = "leap-report" + (f" --requests {args.requests}" if args.requests else "")
             report.write(stage, command, texts)
-            _move_into_place(stage, args.out)
+            move_into_place(stage, args.out)
     except BrokenPipeError:   # a closed output pipe: experiments.entry ends quietly
         raise
     except (TraceError, ValueError, OSError):
         _close(progress)
-        raise   # one line, exit 2 (core.cli.run_command)
+        raise   # one line, exit 2 (core.errors.run_command)
     except (KeyboardInterrupt, Stopped, SweepInterrupted) as exc:
         _close(progress)
         code = exc.exit_code if isinstance(exc, SweepInterrupted) else 128 + getattr(exc, "signum", signal.SIGINT)

@@ -24,25 +24,20 @@ import sys
 
 import numpy as np
 
-from core.cli import OneLineParser, run_command
+from core.errors import OneLineParser, run_command
 from core.trace import Trace, TraceError, load_trace
 from experiments.gains import add_gain_intervals, gains_section, load_profile_source
 from experiments.replay_errors import replay_errors
+from experiments.serving_render import serving_report_section
+from experiments.serving_runs import SIDE_TABLE_SUFFIXES
 from experiments.validate_choices import check_reference, name_references, register_sources
-from experiments.validate_serving import (
-    PREDICTOR_COSTS,
-    SIDE_TABLE_SUFFIXES,
-    _figures,
-    is_serving,
-    measured,
-    serving_report_section,
-    validate_serving_runs,
-)
+from experiments.validate_serving import PREDICTOR_COSTS, _figures, measured, validate_serving_runs
 from experiments.validate_steps import step_replay_config, step_runs_section, validate_step_run
 from simulator.preset import closed_loop_window
 from simulator.profiles import FITTED_FROM
 from simulator.profiles.calibration import Calibration
 from simulator.runner import NO_PREDICTOR, RunConfig, execute, prepare
+from simulator.serving import is_serving
 from simulator.stepclock import trace_clock
 from simulator.workload import ArrivalSpec
 
@@ -114,7 +109,7 @@ def report_section(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``leap-validate``: bad input is one line and exit 2 (``core.cli``)."""
+    """``leap-validate``: bad input is one line and exit 2 (``core.errors``)."""
     return run_command(_validate, argv, PROG, input_errors=(TraceError, ValueError, OSError))
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 import sys
 
 from core.trace import Trace
-from experiments.validate_serving import GIVEN_SOURCES, _serving, fcfs_partner, is_fcfs_run, is_serving
+from experiments.serving_runs import fcfs_partner, is_fcfs_run
+from simulator.serving import GIVEN_SOURCES, is_serving
+from simulator.serving import serving_meta as _serving
 
 
 def check_reference(reference: Trace, serving: list[Trace]) -> None:

@@ -10,44 +10,31 @@ finish step) for diagnosis. Targets: 100% for FCFS and the oracle, >= 99% for le
 
 from __future__ import annotations
 
-import hashlib
-import json
-
 import numpy as np
 
 from core.trace import Trace
+from experiments import live_replay
 from predictors.base import PredictorOptions
 from simulator.engine import RunResult
-from simulator.runner import NO_PREDICTOR, RunConfig, execute, prepare
+from simulator.runner import RunConfig, execute, prepare
 from simulator.serving import serving_meta
 from simulator.stepclock import step_column, trace_clock
 from simulator.workload import ArrivalSpec
 
-#: live predictor name -> simulator predictor name (identical by construction)
-LIVE_PREDICTORS = {"none": NO_PREDICTOR, "oracle": "oracle", "leap": "leap", "leap-rls": "leap-rls"}
 #: share of equal finish steps each live predictor must reach (hidden-state estimates are floats)
 TARGETS = {"none": 1.0, "oracle": 1.0, "leap": 0.99, "leap-rls": 0.99}
 STEP_FIELDS = ("admit_step", "first_token_step", "finish_step")
 
 
 def readout_train_trace(trace: Trace) -> str:
-    """The training trace of the LEAP read-out the live run used (``serving.readout`` =
-    ``FILE@sha256:DIGEST``, the file beside the run, checked by hash): the simulator's LEAP is fitted
-    on the same trace, so both score a request with the same weights."""
-    ref = serving_meta(trace).get("readout")
-    if not ref:
-        raise ValueError(f"trace {trace.name!r}: a LEAP run with no read-out named in serving.readout")
-    fname, _, digest = str(ref).partition("@sha256:")
-    path = trace.path.parent / fname if trace.path is not None else None
-    if path is None or not path.is_file():
-        raise ValueError(f"trace {trace.name!r}: its read-out {fname} is not beside the trace")
-    if not digest or hashlib.sha256(path.read_bytes()).hexdigest()[:len(digest)] != digest:
-        raise ValueError(f"trace {trace.name!r}: the read-out {fname} beside it is not the one the run used (hash)")
-    with np.load(path, allow_pickle=False) as data:
-        info = json.loads(str(data["info"]))
-    train = info.get("train_name")
+    """The training trace of the LEAP read-out the live run used (:func:`experiments.live_replay.readout_file`):
+    the simulator's LEAP is fitted on the same trace, so both score a request with the same weights."""
+    path, why = live_replay.readout_file(trace)
+    if path is None:
+        raise ValueError(f"trace {trace.name!r}: a LEAP run whose read-out cannot be used: {why}")
+    train = live_replay.readout_contents(path)[0].get("train_name")
     if not train:
-        raise ValueError(f"trace {trace.name!r}: read-out {fname} does not name its training trace")
+        raise ValueError(f"trace {trace.name!r}: read-out {path.name} does not name its training trace")
     return str(train)
 
 
@@ -56,15 +43,9 @@ def step_replay_config(trace: Trace, kernel: str = "reference") -> RunConfig:
     if trace_clock(trace) != "steps":
         raise ValueError(f"trace {trace.name!r} is not a step-clocked serving run (serving.clock)")
     s = serving_meta(trace)
-    live_pred = s.get("predictor", "none")
-    if live_pred not in LIVE_PREDICTORS:
-        raise ValueError(f"trace {trace.name!r}: live predictor {live_pred!r} has no step-clock replay "
-                         f"({', '.join(LIVE_PREDICTORS)})")
-    predictor = LIVE_PREDICTORS[live_pred]
-    live_cfg = (((trace.metadata or {}).get("backend_details") or {}).get("engine_args") or {}) \
-        .get("additional_config", {}).get("leap_live", {})
-    train = readout_train_trace(trace) if predictor in ("leap", "leap-rls") else "lmsys"
-    options = PredictorOptions(train_trace=train, update_every=int(live_cfg.get("update_every") or 8))
+    _, predictor = live_replay.simulator_twin(trace, TARGETS, "step-clock replay")
+    train = readout_train_trace(trace) if predictor in live_replay.READOUT_PREDICTORS else "lmsys"
+    options = PredictorOptions(train_trace=train, update_every=live_replay.update_every(trace))
     if trace.path is None:
         raise ValueError(f"trace {trace.name!r}: a step-clocked run is replayed from its file")
     return RunConfig(trace=str(trace.path), predictor=predictor, policy=str(s.get("policy", "fcfs")),
@@ -78,10 +59,7 @@ def replay_steps(trace: Trace, kernel: str = "reference") -> RunResult:
     prepared = prepare(step_replay_config(trace, kernel))
     sim = prepared.simulation
     sim_orders = sim.predictor is not None and sim.predictor.stage == "arrival" and sim.policy.uses_predictions
-    live_orders = bool(serving_meta(trace).get("ordered_admission", False))
-    if live_orders != sim_orders:
-        raise ValueError(f"trace {trace.name!r}: the live run {'ordered' if live_orders else 'did not order'} admission "
-                         f"by the policy's keys, the simulator {'does' if sim_orders else 'does not'}: not replayable as it ran")
+    live_replay.check_admission_order(trace, sim_orders, "the step-clock replay")
     _, result = execute(prepared)
     return result
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from capture import CaptureError
-from core.cli import OneLineParser, run_command
+from core.errors import OneLineParser, run_command
 from simulator.profiles.calibration import (
     CALIBRATION_SUFFIX,
     calibration_paths,

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from live.common import LiveConfigError
 from policies import POLICIES
+from predictors import NO_PREDICTOR
+from predictors.live import ARRIVAL_PREDICTORS, LIVE_PREDICTORS, NOT_LIVE
 
 CONFIG_KEY = "leap_live"
 SCHEDULER_CLS = "live.scheduler.LeapScheduler"
@@ -29,18 +31,6 @@ WORKER_EXTENSION_CLS = "live.worker_ext.LiveExt"
 
 #: Policies the live scheduler applies: those that declare ``live`` (the project's own classes, policies/).
 LIVE_POLICIES = tuple(name for name, cls in POLICIES.items() if cls.live)
-#: Predictors available live, and whether each needs the worker hook (the serving model's state).
-LIVE_PREDICTORS = {"none": False, "oracle": False, "leap": True, "leap-rls": True, "ssjf": False}
-#: Live predictors that score a request at arrival (before prefill): they may order admission.
-ARRIVAL_PREDICTORS = ("oracle", "ssjf")
-#: Simulator predictors that cannot run live here, and why (named in the refusal).
-NOT_LIVE = {
-    "egtp": "entropy-pooled prompt states over the full vocabulary",
-    "trail": "decode-time layer-10 states and a text-encoder prior",
-    "tie": "a text-encoder embedding scored by quadrature (the live text-encoder baseline is ssjf)",
-    "ltr": "a text-encoder embedding ranked by score (the live text-encoder baseline is ssjf)",
-    "noisy-oracle": "a noise source (only the exact oracle runs live)",
-}
 #: ``SamplingParams.extra_args`` key carrying the raw user prompt (no chat template) to the
 #: text-encoder baseline: vLLM hands the scheduler token ids only.
 PROMPT_TEXT_KEY = "leap_prompt_text"
@@ -101,8 +91,9 @@ class LiveSchedulerConfig:
         if self.decode_slots > self.max_resident:
             raise LiveConfigError(f"decode-slots ({self.decode_slots}) cannot exceed max-resident "
                                   f"({self.max_resident}): only resident requests decode")
-        if self.policy != "fcfs" and self.predictor == "none":
-            raise LiveConfigError(f"policy {self.policy!r} needs a predictor (oracle, ssjf, leap or leap-rls)")
+        if self.policy != "fcfs" and self.predictor == NO_PREDICTOR:
+            raise LiveConfigError(f"policy {self.policy!r} needs a predictor "
+                                  f"({', '.join(n for n in LIVE_PREDICTORS if n != NO_PREDICTOR)})")
         if self.layer is not None and (isinstance(self.layer, bool) or not isinstance(self.layer, int)
                                        or self.layer < 0):
             raise LiveConfigError(f"layer must be an integer >= 0, got {self.layer!r}")
@@ -134,7 +125,7 @@ class LiveSchedulerConfig:
     @property
     def needs_hook(self) -> bool:
         """True when the predictor reads the serving model's hidden state (the worker hook)."""
-        return LIVE_PREDICTORS[self.predictor]
+        return LIVE_PREDICTORS[self.predictor].needs_hook
 
     @property
     def hook_layer(self) -> int | None:
@@ -250,21 +241,30 @@ class LiveSchedulerConfig:
                                   f"holds {blocks} blocks of {block_size} tokens, one per resident request at least")
         facts = {"hidden_size": hidden, "num_layers": layers, "kv_blocks": blocks, "block_size": block_size}
         if self.needs_hook:
-            info = self.readout_file().info
-            if info["hidden_size"] != hidden:
-                raise LiveConfigError(f"read-out {self.readout} is for hidden size {info['hidden_size']}, "
-                                      f"but the model at {model_dir} has {hidden}")
-            if not 0 <= info["layer"] < layers:
-                raise LiveConfigError(f"read-out {self.readout} taps layer {info['layer']}, but the model has "
-                                      f"{layers} layers")
-            source = Path(model_dir) / "leap_source.json"
-            model_id = None
-            if source.is_file():
-                try:
-                    model_id = json.loads(source.read_text()).get("model_id")
-                except (OSError, ValueError, AttributeError):
-                    model_id = None
-            if model_id and info.get("model_id") and model_id != info["model_id"]:
-                raise LiveConfigError(f"read-out {self.readout} was trained on {info['model_id']}, "
-                                      f"not on {model_id}")
+            self.check_readout_fits(hidden, layers, model_id_of(model_dir), f"the model at {model_dir}")
         return facts
+
+    def check_readout_fits(self, hidden: int, layers: int, model_id: str | None, model: str) -> None:
+        """The read-out's hidden size, layer and (when both name one) model id match the model
+        (``model``: how a refusal names it), before the hook first reads a hidden state."""
+        info = self.readout_file().info
+        if info["hidden_size"] != hidden:
+            raise LiveConfigError(f"read-out {self.readout} is for hidden size {info['hidden_size']}, "
+                                  f"but {model} has {hidden}")
+        if not 0 <= info["layer"] < layers:
+            raise LiveConfigError(f"read-out {self.readout} taps layer {info['layer']}, but {model} has "
+                                  f"{layers} layers")
+        if model_id and info.get("model_id") and model_id != info["model_id"]:
+            raise LiveConfigError(f"read-out {self.readout} was trained on {info['model_id']}, not on {model_id}")
+
+
+def model_id_of(model: str | Path) -> str | None:
+    """The model id: the project's ``leap_source.json`` in a local model folder, else the name given
+    (None for a local folder without one)."""
+    source = Path(model) / "leap_source.json"
+    if source.is_file():
+        try:
+            return json.loads(source.read_text()).get("model_id")
+        except (OSError, ValueError, AttributeError):
+            return None
+    return None if Path(model).exists() else str(model)

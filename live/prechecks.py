@@ -55,7 +55,7 @@ def check_prompt_text(source: str, meta: dict, columns: list[str], texts: list) 
 
 
 def check_readout(live, model_dir: Path, kv_space_gib: float, dtype: str) -> None:
-    """A LEAP read-out must fit the model (hidden size, layer count, model id): ``live.cli``'s
+    """A LEAP read-out must fit the model (hidden size, layer count, model id): ``leap_sched.vllm.check``'s
     check, run before the engine instead of when the engine's hook first reads a hidden state."""
     if live is None or not getattr(live, "needs_hook", False):
         return

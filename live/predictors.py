@@ -31,12 +31,23 @@ import time
 import numpy as np
 
 from live.config import PROMPT_TEXT_KEY, LiveSchedulerConfig
+from predictors.live import LIVE_PREDICTORS
 
 
 class LivePredictor:
+    """No estimate (FCFS); the base of every live predictor. Its stage, hook and simulator twin are
+    declared once, by name, in :data:`predictors.live.LIVE_PREDICTORS`."""
+
     name = "none"
-    stage: str | None = None            # "arrival" (oracle, ssjf) or "prefill" (leap)
     async_scores = False                # arrival scores come later through take_scores()
+
+    def __init__(self, cfg: LiveSchedulerConfig | None = None):
+        pass
+
+    @property
+    def stage(self) -> str | None:
+        """"arrival" (oracle, ssjf: may order admission), "prefill" (leap) or None (no predictor)."""
+        return LIVE_PREDICTORS[self.name].stage
 
     def at_arrival(self, request) -> float:
         return 0.0
@@ -71,7 +82,6 @@ class LivePredictor:
 
 class OracleLive(LivePredictor):
     name = "oracle"
-    stage = "arrival"
 
     def at_arrival(self, request) -> float:
         return float(request.max_tokens)
@@ -79,7 +89,6 @@ class OracleLive(LivePredictor):
 
 class LeapLive(LivePredictor):
     name = "leap"
-    stage = "prefill"
 
     def __init__(self, cfg: LiveSchedulerConfig):
         self.file = cfg.readout_file()
@@ -200,7 +209,6 @@ class SSJFLive(LivePredictor):
     """SSJF's head on the live MiniLM embedding of the prompt text, computed on a CPU thread."""
 
     name = "ssjf"
-    stage = "arrival"
     async_scores = True
 
     def __init__(self, cfg: LiveSchedulerConfig):
@@ -298,13 +306,10 @@ class SSJFLive(LivePredictor):
         self._in.put(None)
 
 
+#: live predictor name -> its class: one for every name in predictors.live.LIVE_PREDICTORS
+LIVE_CLASSES: dict[str, type[LivePredictor]] = {
+    cls.name: cls for cls in (LivePredictor, OracleLive, LeapLive, LeapRLSLive, SSJFLive)}
+
+
 def make_live_predictor(cfg: LiveSchedulerConfig) -> LivePredictor:
-    if cfg.predictor == "oracle":
-        return OracleLive()
-    if cfg.predictor == "ssjf":
-        return SSJFLive(cfg)
-    if cfg.predictor == "leap":
-        return LeapLive(cfg)
-    if cfg.predictor == "leap-rls":
-        return LeapRLSLive(cfg)
-    return LivePredictor()
+    return LIVE_CLASSES[cfg.predictor](cfg)

@@ -13,6 +13,9 @@ from predictors.ssjf import SSJF
 from predictors.tie import Tie
 from predictors.trail import Trail
 
+#: The name of running without a predictor (``simulate --predictor none``, a live run without one).
+NO_PREDICTOR = "none"
+
 PREDICTORS: dict[str, type[Predictor]] = {
     "oracle": Oracle,
     "noisy-oracle": NoisyOracle,
@@ -42,4 +45,4 @@ def make_predictor(name: str, options: PredictorOptions | None = None) -> Predic
     return cls.from_options(options or PredictorOptions())
 
 
-__all__ = ["BASELINES", "LEARNED", "ORACLES", "PREDICTORS", "PendingUpdate", "Predictor", "PredictorCost", "PredictorOptions", "make_predictor"]
+__all__ = ["BASELINES", "LEARNED", "NO_PREDICTOR", "ORACLES", "PREDICTORS", "PendingUpdate", "Predictor", "PredictorCost", "PredictorOptions", "make_predictor"]

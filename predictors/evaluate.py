@@ -31,8 +31,8 @@ import numpy as np
 import pyarrow as pa
 
 from core.checks import MAX_NUMPY_SEED, bounded_int, split_list
-from core.cli import OneLineParser, run_command
 from core.console import fitted_table, output_width
+from core.errors import OneLineParser, run_command
 from core.metrics import bucket_counts, rank_metrics
 from core.trace import Trace, TraceError, bundled_trace_names, load_trace, traces_dir
 from predictors import PREDICTORS, make_predictor
@@ -334,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``evaluate-predictors``: bad input is one line and exit 2 (``core.cli``)."""
+    """``evaluate-predictors``: bad input is one line and exit 2 (``core.errors``)."""
     return run_command(lambda args: run(build_parser().parse_args(args)), argv, "evaluate-predictors",
                        input_errors=(TraceError, ValueError, OSError))
 

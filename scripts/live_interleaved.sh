@@ -53,7 +53,7 @@ if [ -z "${CAPACITY:-}" ]; then
   CAPACITY="$("$PY" - "$CAL.calibration.json" <<'EOF'
 import json, sys
 from core.trace import load_trace
-from experiments.validate_serving import step_time_ratio
+from experiments.serving_replay import step_time_ratio
 from simulator.profiles.calibration import load_calibration
 base = json.load(open("traces/live/alpaca200-capacity.json"))["capacity_req_s"]
 ratio = step_time_ratio(load_trace("traces/live/alpaca200-fcfs-1.3.parquet"), load_calibration(sys.argv[1]).profile())

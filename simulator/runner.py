@@ -13,7 +13,7 @@ import numpy as np
 
 from core.trace import Trace, load_trace, tile_trace, trace_reference
 from policies import make_policy
-from predictors import make_predictor
+from predictors import NO_PREDICTOR, make_predictor
 from predictors.base import PredictorOptions
 from predictors.gpu_cost import describe_cost
 from simulator.capacity import measure_capacity
@@ -25,7 +25,6 @@ from simulator.profiles import DEFAULT_PROFILE, make_profile
 from simulator.serving import is_serving, with_source_features
 from simulator.workload import ArrivalSpec, make_arrivals
 
-NO_PREDICTOR = "none"
 #: Largest seed: results tables store it as a Parquet int64.
 MAX_SEED = 2**63 - 1
 _CODE_PACKAGES = ("core", "policies", "predictors", "simulator")

@@ -1,4 +1,4 @@
-"""Every console script shares one error path (``core.cli``): a bad flag or an unknown value is
+"""Every console script shares one error path (``core.errors``): a bad flag or an unknown value is
 exactly one stderr line and exit 2; Ctrl-C is one line and 130; a closed pipe is quiet; anything
 unexpected is one line and exit 1 (a traceback only with LEAP_DEBUG=1)."""
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from core.cli import OneLineParser, UsageError, run_command
+from core.errors import OneLineParser, UsageError, run_command
 from experiments import entry
 
 MODEL = "/nonexistent-model"

@@ -102,7 +102,7 @@ def test_validate_refuses_a_reference_that_is_not_the_runs_fcfs(reference, fragm
 
 
 def test_validate_takes_a_source_trace_by_path_and_checks_its_hash(tmp_path, capsys):
-    from experiments.validate_serving import GIVEN_SOURCES, source_trace
+    from simulator.serving import GIVEN_SOURCES, source_trace
 
     run = load_trace(LIVE / "alpaca200-fcfs-0.8.parquet")
     good = _copy_trace(load_trace("alpaca").path, tmp_path / "alpaca.parquet")
@@ -155,7 +155,7 @@ def test_prompt_text_present_passes():
 
 
 def test_a_readout_of_another_width_is_refused_before_the_engine(tmp_path):
-    """A read-out for hidden size 576 against a model whose config says 64 (live.cli's check)."""
+    """A read-out for hidden size 576 against a model whose config says 64 (leap_sched.vllm.check's check)."""
     from live.config import LiveSchedulerConfig
 
     readout = LIVE / "leap_readout_lmsys.npz"

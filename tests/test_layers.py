@@ -24,11 +24,7 @@ FLOORS: list[list[str]] = [
 FLOOR_OF = {package: level for level, packages in enumerate(FLOORS) for package in packages}
 #: Known imports that still run up, each with its way out; the check fails once one is gone, so the
 #: list cannot outlive its reason.
-KNOWN_UPWARD: set[tuple[str, str]] = {
-    # live.cli prints the `vllm serve` command built by leap_sched.vllm.command; way out: the command
-    # line moves to leap_sched (it checks live settings and names leap_sched's classes)
-    ("live/cli.py", "leap_sched"),
-}
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def imported_packages(path: Path) -> list[tuple[int, str]]:

@@ -50,7 +50,7 @@ def readout_path(tmp_path_factory):
 
 def _cli(*args):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "live.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "leap_sched.vllm.check", *args], capture_output=True, text=True, env=env,
                           timeout=120)
 
 

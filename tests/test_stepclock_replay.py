@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from core.trace import load_trace, traces_dir
-from experiments.validate_serving import SIDE_TABLE_SUFFIXES
+from experiments.serving_runs import SIDE_TABLE_SUFFIXES
 from experiments.validate_steps import TARGETS, validate_step_run
 from simulator.stepclock import trace_clock
 

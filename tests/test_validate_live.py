@@ -13,19 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.trace import METADATA_KEY, load_trace, trace_from_arrays, traces_dir
+from experiments.serving_render import live_report_section, serving_report_section
+from experiments.serving_replay import busy_host_gaps
+from experiments.serving_runs import SIDE_TABLE_SUFFIXES, default_profile_source, fcfs_partner
 from experiments.validate import main
-from experiments.validate_serving import (
-    SIDE_TABLE_SUFFIXES,
-    add_gains,
-    busy_host_gaps,
-    default_profile_source,
-    fcfs_partner,
-    gain,
-    live_report_section,
-    probe_summary,
-    serving_report_section,
-    validate_serving_runs,
-)
+from experiments.validate_serving import add_gains, gain, probe_summary, validate_serving_runs
 from simulator.stepclock import trace_clock
 
 LIVE = traces_dir() / "live"
@@ -120,7 +112,7 @@ def test_json_fields(capsys):
 
 def test_at_run_speed_scales_step_times_but_not_the_host_gap():
     """The diagnostic replay's profile: the fitted step times (host gap apart) times the run's ratio."""
-    from experiments.validate_serving import AtRunSpeed
+    from experiments.serving_replay import AtRunSpeed
     from simulator.profiles.fitted import FittedProfile
 
     profile = FittedProfile({"intercept": 0.01, "prefill_tokens": 1e-5, "decode_requests": 2e-4,
@@ -265,21 +257,22 @@ def _rewrite(src: Path, dest: Path, edit) -> Path:
 
 def test_segments_replay_each_from_an_empty_engine():
     """A resumed run's segments are simulated one by one: the same as simulating each alone."""
-    import experiments.validate_serving as v
+    import experiments.serving_replay as v
+    from simulator.serving import serving_engine_config, source_trace
 
     runs = committed_runs()
     trace = load_trace(runs[0])
-    workload = v.serving_workload(trace, v.source_trace(trace))
-    config, profile = v.serving_engine_config(trace), v.serving_profile(load_trace(runs[1]))
+    workload = v.serving_workload(trace, source_trace(trace))
+    config, profile = serving_engine_config(trace), v.serving_profile(load_trace(runs[1]))
     order = np.argsort(workload.arrival_s, kind="stable")
     seg = np.zeros(len(workload), dtype=np.int64)
     seg[order[len(order) // 2:]] = 1
-    both = v._simulate_segments(workload, seg, "fcfs", "none", "lmsys", profile, config, False, 8)
-    one = v._simulate_segments(workload, np.zeros_like(seg), "fcfs", "none", "lmsys", profile, config, False, 8)
+    both = v.simulate_segments(workload, seg, "fcfs", "none", "lmsys", profile, config, False, 8)
+    one = v.simulate_segments(workload, np.zeros_like(seg), "fcfs", "none", "lmsys", profile, config, False, 8)
     for k in (0, 1):
         rows = np.flatnonzero(seg == k)
-        alone = v._simulate_segments(workload.take(rows), np.zeros(len(rows), dtype=np.int64), "fcfs", "none",
-                                     "lmsys", profile, config, False, 8)
+        alone = v.simulate_segments(workload.take(rows), np.zeros(len(rows), dtype=np.int64), "fcfs", "none",
+                                    "lmsys", profile, config, False, 8)
         assert np.allclose(both["e2e"][rows], alone["e2e"])
     assert not np.allclose(both["e2e"], one["e2e"])   # the second segment starts empty, not mid-queue
 

@@ -7,7 +7,7 @@
         --additional-config '{"leap": {"policy": "countdown", "predictor": "leap-rls", "decode_slots": 16,
                                        "readout": "leap_readout.npz"}}'
 
-``python -m live.cli`` prints this command for given settings (``leap_sched.vllm.command``).
+``python -m leap_sched.vllm.check`` prints this command for given settings (``leap_sched.vllm.command``).
 The attributes load lazily, so the command builder imports without vLLM installed.
 """
 

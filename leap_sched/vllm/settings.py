@@ -13,17 +13,15 @@ a :class:`LiveConfigError`.
 
 from __future__ import annotations
 
-import json
 import math
 import multiprocessing
 import sys
 from contextlib import contextmanager
 from dataclasses import fields
-from pathlib import Path
 
 from leap_sched.vllm import CONFIG_KEY, EXECUTOR_CLS, WORKER_EXTENSION_CLS
 from live.common import LiveConfigError
-from live.config import LiveSchedulerConfig
+from live.config import LiveSchedulerConfig, model_id_of
 
 #: Plugin-only keys of the ``leap`` entry (not scheduler settings).
 PLUGIN_KEYS = {"allow_untested_vllm": False, "log_interval_s": 10.0}
@@ -123,26 +121,6 @@ def check_hook_setup(vllm_config, cfg: LiveSchedulerConfig) -> None:
 
 def check_readout_model(cfg: LiveSchedulerConfig, model_config) -> None:
     """The read-out's hidden size, layer and (when both name one) model id match the served model."""
-    info = cfg.readout_file().info
     hf = model_config.hf_text_config if hasattr(model_config, "hf_text_config") else model_config.hf_config
-    hidden, layers = int(hf.hidden_size), int(hf.num_hidden_layers)
-    if info["hidden_size"] != hidden:
-        raise LiveConfigError(f"read-out {cfg.readout} is for hidden size {info['hidden_size']}, but the served "
-                              f"model {model_config.model} has {hidden}")
-    if not 0 <= info["layer"] < layers:
-        raise LiveConfigError(f"read-out {cfg.readout} taps layer {info['layer']}, but the served model has "
-                              f"{layers} layers")
-    served = served_model_id(model_config.model)
-    if served and info.get("model_id") and served != info["model_id"]:
-        raise LiveConfigError(f"read-out {cfg.readout} was trained on {info['model_id']}, not on {served}")
-
-
-def served_model_id(model: str) -> str | None:
-    """The model id: the project's ``leap_source.json`` in a local model folder, else the name given."""
-    source = Path(model) / "leap_source.json"
-    if source.is_file():
-        try:
-            return json.loads(source.read_text()).get("model_id")
-        except (OSError, ValueError, AttributeError):
-            return None
-    return None if Path(model).exists() else model
+    cfg.check_readout_fits(int(hf.hidden_size), int(hf.num_hidden_layers), model_id_of(model_config.model),
+                           f"the served model {model_config.model}")

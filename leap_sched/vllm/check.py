@@ -1,6 +1,6 @@
 """Check live-scheduler settings against a model before any engine starts; print the engine arguments.
 
-    python -m live.cli --model DIR --policy countdown --predictor leap-rls --readout leap_readout.npz \
+    python -m leap_sched.vllm.check --model DIR --policy countdown --predictor leap-rls --readout leap_readout.npz \
         --max-resident 64 --decode-slots 16 --kv-cache-gib 4
 
 Exit 0 with the in-process engine arguments and the ``vllm serve`` command (leap_sched.vllm) as
@@ -14,7 +14,9 @@ import argparse
 import json
 import sys
 
+from leap_sched.vllm.command import serve_command
 from live.config import LIVE_POLICIES, LiveConfigError, LiveSchedulerConfig
+from predictors.live import LIVE_PREDICTORS
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -24,10 +26,10 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = _OneLineParser(prog="python -m live.cli", description=__doc__.splitlines()[0])
+    ap = _OneLineParser(prog="python -m leap_sched.vllm.check", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="model folder (config.json)")
     ap.add_argument("--policy", default="countdown", help=f"one of {', '.join(LIVE_POLICIES)}")
-    ap.add_argument("--predictor", default="leap-rls", help="none, oracle, ssjf, leap, leap-rls")
+    ap.add_argument("--predictor", default="leap-rls", help=", ".join(LIVE_PREDICTORS))
     ap.add_argument("--max-resident", type=int, default=64)
     ap.add_argument("--decode-slots", type=int, default=16)
     ap.add_argument("--wait-cap", type=int, default=128)
@@ -59,8 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     except LiveConfigError as e:
         print(f"live: {e}", file=sys.stderr)
         return 2
-    from leap_sched.vllm.command import serve_command
-
     engine_args = cfg.to_engine_args()
     serve = serve_command(cfg, args.model)
     print(json.dumps({"engine_args": engine_args, "model": facts, "serve_command": serve}, sort_keys=True))
