@@ -97,18 +97,18 @@ def run_speeds(run: str, checks: list[Calibration]) -> tuple[float | None, float
     return None, None
 
 
-def exclusion(before: float | None, after: float | None) -> str | None:
+def exclusion(before: float | None, after: float | None, tolerance: float = EXCLUDE_SPEED_OFF) -> str | None:
     if before is None:
         return "no host-speed check recorded for this run"
     for label, speed in (("before", before), ("after", after)):
-        if speed is not None and abs(speed - 1.0) > EXCLUDE_SPEED_OFF:
+        if speed is not None and abs(speed - 1.0) > tolerance:
             return (f"host {label} the run at {speed:.3f}x the calibration's step time "
-                    f"(limit {EXCLUDE_SPEED_OFF:.0%} either way)")
+                    f"(limit {tolerance:.0%} either way)")
     return None
 
 
 def add_gain_intervals(rows: list[dict], traces: list[Trace], calibration: Calibration | None = None,
-                       predictor_cost: str = "none") -> list[dict]:
+                       predictor_cost: str = "none", tolerance: float = EXCLUDE_SPEED_OFF) -> list[dict]:
     """Add the speed, exclusion and interval fields to each row (by run name); return one summary
     per non-FCFS group with an FCFS group beside it."""
     by_name = {r["run"]: r for r in rows}
@@ -119,7 +119,7 @@ def add_gain_intervals(rows: list[dict], traces: list[Trace], calibration: Calib
         before, after = run_speeds(t.name, checks) if calibration is not None else (None, None)
         row = by_name.get(t.name, {})
         row.update(speed_vs_calibration=before, speed_after_vs_calibration=after,
-                   excluded=exclusion(before, after) if calibration is not None else None,
+                   excluded=exclusion(before, after, tolerance) if calibration is not None else None,
                    real_gain_vs_fcfs_ci95=None, sim_gain_vs_fcfs_calibrated=None)
     summaries = []
     for key, runs in groups.items():

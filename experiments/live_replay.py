@@ -39,14 +39,16 @@ def update_every(trace: Trace) -> int:
 
 def readout_file(trace: Trace) -> tuple[Path | None, str]:
     """(the LEAP read-out file the run used, or None, and why not): ``serving.readout`` =
-    ``FILE@sha256:DIGEST``, the file beside the run, checked by hash."""
+    ``FILE@sha256:DIGEST``, the file beside the run or in the folder above it (a set of repeats
+    in a subfolder shares one read-out), checked by hash."""
     ref = serving_meta(trace).get("readout")
     if not ref:
         return None, "no read-out named in the serving metadata"
     fname, _, digest = str(ref).partition("@sha256:")
-    path = trace.path.parent / fname if trace.path is not None else None
-    if path is None or not path.is_file():
-        return None, f"read-out {fname} not found beside the trace"
+    here = trace.path.parent if trace.path is not None else None
+    path = next((p for p in ((here / fname), (here.parent / fname)) if p.is_file()), None) if here else None
+    if path is None:
+        return None, f"read-out {fname} not found beside the trace or in the folder above it"
     if not digest or hashlib.sha256(path.read_bytes()).hexdigest()[:len(digest)] != digest:
         return None, f"read-out {fname} beside the trace is not the one the run used (hash)"
     return path, ""

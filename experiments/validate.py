@@ -26,7 +26,7 @@ import numpy as np
 
 from core.errors import OneLineParser, run_command
 from core.trace import Trace, TraceError, load_trace
-from experiments.gains import add_gain_intervals, gains_section, load_profile_source
+from experiments.gains import EXCLUDE_SPEED_OFF, add_gain_intervals, gains_section, load_profile_source
 from experiments.replay_errors import replay_errors
 from experiments.serving_render import serving_report_section
 from experiments.serving_runs import SIDE_TABLE_SUFFIXES
@@ -132,8 +132,14 @@ def _validate(argv: list[str]) -> int:
                    "(default: the first FCFS run of the same workload and load in the runs' folder, named on stderr)")
     p.add_argument("--source", action="append", default=[], metavar="PATH",
                    help="serving runs: the source trace they were served from, by path (checked by content hash)")
+    p.add_argument("--speed-tolerance", type=float, default=EXCLUDE_SPEED_OFF, metavar="FRACTION",
+                   help="serving runs with --profile-from CALIBRATION: a run whose host-speed check before or "
+                        f"after it is more than this far from the calibration is excluded from the gain "
+                        f"intervals, and listed (default {EXCLUDE_SPEED_OFF})")
     p.add_argument("--json", action="store_true", help="one JSON object per run")
     args = p.parse_args(argv)
+    if not (0 < args.speed_tolerance < 1):
+        raise ValueError(f"--speed-tolerance {args.speed_tolerance}: expected a fraction between 0 and 1 (e.g. 0.03)")
     # a shell glob such as traces/live/alpaca200-*.parquet also matches the side tables
     names = [n for n in args.traces if not str(n).endswith(SIDE_TABLE_SUFFIXES)] or list(BATCH_TRACES)
     traces = [load_trace(n) for n in names]
@@ -175,7 +181,8 @@ def _validate(argv: list[str]) -> int:
     name_references(serving_rows, PROG)
     for row in serving_rows:   # a wall-clock run: no step-level equality to check
         row.update(clock="seconds", finish_step_match_share=None)
-    gains = add_gain_intervals(serving_rows, serving, calibration, args.predictor_cost) if serving else []
+    gains = add_gain_intervals(serving_rows, serving, calibration, args.predictor_cost,
+                               args.speed_tolerance) if serving else []
     step_rows = [validate_step_run(t) for t in stepped]
     if args.json:
         for row in serving_rows + step_rows:

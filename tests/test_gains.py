@@ -146,3 +146,19 @@ def test_single_runs_get_no_interval(monkeypatch):
     (s,) = add_gain_intervals(rows, [_trace("f", "fcfs", "none"), _trace("l", "countdown", "leap")])
     assert s["real_gain_vs_fcfs_ci95"] is None and s["real_gain_vs_fcfs_pooled"] is not None
     assert rows[1]["excluded"] is None and rows[1]["speed_vs_calibration"] is None
+
+
+@pytest.mark.parametrize("tolerance,excluded", [(0.05, True), (0.25, False)])
+def test_speed_tolerance_moves_the_exclusion_limit(tolerance, excluded):
+    reason = exclusion(1.12, 1.0, tolerance)
+    assert (reason is not None) == excluded
+    if excluded:
+        assert f"limit {tolerance:.0%}" in reason
+
+
+def test_speed_tolerance_out_of_range_is_one_line_exit_2(capsys):
+    from experiments.validate import main
+
+    assert main(["--speed-tolerance", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--speed-tolerance 3" in err[0]
