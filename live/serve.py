@@ -289,7 +289,6 @@ def serve_main(argv) -> int:
 
     # ---- flags that need no file
     stepclock.check_clock_flags(args)
-    server_run.check_server_flags(args)
     _positive(args, "requests", "max_length", "max_resident", "max_num_batched_tokens",
               "kv_space_gib", "flush_every", "decode_slots", "max_model_len")
     if args.probe_every < 0:
@@ -351,6 +350,7 @@ def serve_main(argv) -> int:
     prechecks.check_arrivals_file(args.arrivals, args.clock)
     live = live_config(args)
     engine_overrides = scheduler_engine_args(live)
+    served = server_run.check_server(args)      # --server: reachable, running the plugin (its settings)
 
     # ---- source trace and model
     from core.trace import TraceError, load_trace
@@ -454,7 +454,7 @@ def serve_main(argv) -> int:
         planned, arrivals_desc = stepclock.planned_arrivals(args, n, rate)
 
     if args.server is not None:
-        return server_run.run_against_server(args, server_run.ServerWorkload(
+        return server_run.run_against_server(args, served, server_run.ServerWorkload(
             reqs, planned, arrivals_desc, rate, load, capacity, capacity_how, live, workload, src, cfg, model_dir,
             template, tsha, sampling, dtype, max_model_len, [int(i) for i in rows] if args.sample else f"first {n}",
             t_start), log)

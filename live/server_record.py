@@ -104,8 +104,9 @@ def _serve_segment(args, w, store, served_model: str, log) -> dict:
                 {"run": store.run, "requests": len(todo), "schedule_shift_s": shift})
     planned_of = {r.request_id: float(w.planned[i]) for i, r in enumerate(w.reqs)}
     by_id = {r.request_id: r for r in w.reqs}
-    log(f"{len(w.reqs)} requests, {len(done)} already served; segment {store.run}: {len(todo)} at "
-        f"{w.rate:.4f} req/s ({w.arrivals_desc})")
+    rate = f"{w.rate:.4f} req/s" if w.rate else "the recorded times"
+    log(f"{len(w.reqs)} requests, {len(done)} already served; segment {store.run}: {len(todo)} at {rate} "
+        f"({w.arrivals_desc})")
     stats: dict[str, Any] = {"requests": 0, "generated_tokens": 0, "wall_s": 0.0, "backend": "vllm-server",
                              "segment_shift_s": shift}
     lock = asyncio.Lock()

@@ -63,10 +63,11 @@ class ServerWorkload:
     t_start: float
 
 
-def check_server_flags(args) -> None:
-    """Flags ``--server`` cannot honour, refused before any file is read."""
+def check_server(args) -> dict | None:
+    """``--server``: the flags it cannot honour, then the server itself (reachable, running the plugin);
+    its settings as it reports them. Before any file is read; None without ``--server``."""
     if args.server is None:
-        return
+        return None
     url = urlsplit(args.server)
     if url.scheme not in ("http", "https") or not url.hostname:
         raise CaptureError(f"--server {args.server!r}: expected a URL such as http://127.0.0.1:8000")
@@ -81,6 +82,41 @@ def check_server_flags(args) -> None:
     if args.load is not None and args.capacity is None:
         raise CaptureError("--server --load X needs --capacity REQ_S (the cached capacities describe in-process "
                            "engines)")
+    try:
+        return asyncio.run(fetch_settings(args.server))
+    except CaptureError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- httpx/JSON surprises: one line, nothing written
+        raise CaptureError(f"--server {args.server}: {type(e).__name__}: {e}") from None
+
+
+async def fetch_settings(server: str) -> dict:
+    """The plugin's report of what the server runs (``GET /leap_sched/settings``), after ``/health``."""
+    import httpx
+
+    from leap_sched.vllm.endpoint import SETTINGS_PATH
+    from live.http_client import get_json
+
+    base = base_url(server)
+    async with httpx.AsyncClient() as client:
+        try:
+            status, _ = await get_json(client, f"{base}/health")
+        except httpx.HTTPError as e:
+            raise CaptureError(f"--server {server}: cannot reach it ({type(e).__name__}: {e or 'no answer'})") \
+                from None
+        if status != 200:
+            raise CaptureError(f"--server {server}: /health answered {status}")
+        status, got = await get_json(client, f"{base}{SETTINGS_PATH}")
+    if status == 404:
+        raise CaptureError(f"--server {server}: no {SETTINGS_PATH}: the server does not run the leap_sched "
+                           "plugin (start it with the command python -m live.cli prints)")
+    if status != 200 or not isinstance(got, dict):
+        detail = got.get("error") if isinstance(got, dict) else got
+        raise CaptureError(f"--server {server}: {SETTINGS_PATH} answered {status}: {detail}")
+    if got.get("leap") is None:
+        raise CaptureError(f"--server {server}: its scheduler is {got.get('scheduler_cls')}, not leap_sched's "
+                           "(start it with the command python -m live.cli prints)")
+    return got
 
 
 def base_url(server: str) -> str:
@@ -118,9 +154,6 @@ def check_settings(args, w: ServerWorkload, got: dict) -> None:
     """Refuse a server whose plugin, model or settings differ from the run's (one line, the first difference)."""
     from capture.model import model_id
 
-    if got.get("leap") is None:
-        raise CaptureError(f"--server {args.server}: its scheduler is {got.get('scheduler_cls')}, not leap_sched's "
-                           "(start it with the command python -m live.cli prints)")
     mine = model_id(w.model_dir)
     if got["model"].get("id") != mine or (got["model"]["hidden_size"], got["model"]["num_layers"]) != (
             w.cfg["hidden_size"], w.cfg["num_hidden_layers"]):
@@ -133,44 +166,19 @@ def check_settings(args, w: ServerWorkload, got: dict) -> None:
                                "server with the run's settings (python -m live.cli prints the command)")
 
 
-async def preflight(args, w: ServerWorkload) -> dict:
-    """Everything checked before the first request: reachable, the plugin, the settings, the prompts."""
+async def check_prompts(args, w: ServerWorkload, model: str) -> None:
+    """Every prompt: the server's chat template must make the in-process run's token ids."""
     import httpx
 
-    base = base_url(args.server)
+    from live.http_client import tokenize_chat
+
     async with httpx.AsyncClient() as client:
-        from live.http_client import get_json, tokenize_chat
-
-        try:
-            status, _ = await get_json(client, f"{base}/health")
-        except httpx.HTTPError as e:
-            raise CaptureError(f"--server {args.server}: cannot reach it ({type(e).__name__}: {e or 'no answer'})") \
-                from None
-        if status != 200:
-            raise CaptureError(f"--server {args.server}: /health answered {status}")
-        from leap_sched.vllm.endpoint import SETTINGS_PATH
-
-        status, got = await get_json(client, f"{base}{SETTINGS_PATH}")
-        if status == 404:
-            raise CaptureError(f"--server {args.server}: no {SETTINGS_PATH}: the server does not run the leap_sched "
-                               "plugin (start it with the command python -m live.cli prints)")
-        if status != 200 or not isinstance(got, dict):
-            raise CaptureError(f"--server {args.server}: {SETTINGS_PATH} answered {status}: "
-                               f"{(got or {}).get('error') if isinstance(got, dict) else got}")
-        check_settings(args, w, got)
-        if got.get("kv_blocks"):
-            from live.serve import check_kv
-
-            check_kv(w.reqs, args.max_resident, got["kv_blocks"], got.get("block_size") or 128, args.kv_space_gib,
-                     "reported by the server")
-        model = got["model"]["served_model_name"]
         for r in w.reqs:
-            ids = await tokenize_chat(client, base, model, r.prompt_text)
+            ids = await tokenize_chat(client, base_url(args.server), model, r.prompt_text)
             if ids != list(r.prompt_token_ids):
                 raise CaptureError(f"--server {args.server}: request {r.request_id}: the server's chat template makes "
                                    f"{len(ids)} prompt tokens, the in-process tokenizer {len(r.prompt_token_ids)} "
                                    f"(differing token ids): another chat template or tokenizer")
-    return got
 
 
 def public_settings(got: dict) -> dict:
@@ -178,17 +186,25 @@ def public_settings(got: dict) -> dict:
     return {**got, "model": {**got["model"], "served_model_name": Path(got["model"]["served_model_name"]).name}}
 
 
-def run_against_server(args, w: ServerWorkload, log) -> int:
-    """The run through HTTP: pre-flight checks, then the schedule, the parts, the trace (``live.serve`` flags)."""
+def run_against_server(args, got: dict, w: ServerWorkload, log) -> int:
+    """The run through HTTP against the server whose settings ``got`` are (``check_server``): the rest of
+    the checks (settings, KV room, prompts), then the schedule, the parts, the trace."""
+    check_settings(args, w, got)
+    if got.get("kv_blocks"):
+        from live.serve import check_kv
+
+        check_kv(w.reqs, args.max_resident, got["kv_blocks"], got.get("block_size") or 128, args.kv_space_gib,
+                 "reported by the server")
+    model = got["model"]["served_model_name"]
     try:
-        got = asyncio.run(preflight(args, w))
+        asyncio.run(check_prompts(args, w, model))
+    except CaptureError:
+        raise
     except Exception as e:  # noqa: BLE001 -- httpx/JSON surprises: one line, nothing written
-        if isinstance(e, CaptureError):
-            raise
         raise CaptureError(f"--server {args.server}: {type(e).__name__}: {e}") from None
     log(f"server {server_label(args.server)}: {got['scheduler_cls']}, {got['leap']['policy']}/"
         f"{got['leap']['predictor']}, {got['leap']['decode_slots']} of {got['max_num_seqs']} decode; "
         f"{len(w.reqs)} prompts tokenized alike")
     from live.server_record import record_run
 
-    return record_run(args, w, public_settings(got), got["model"]["served_model_name"], log)
+    return record_run(args, w, public_settings(got), model, log)
