@@ -46,7 +46,7 @@ from capture import CaptureError
 from capture.record import host_description
 from core.checks import MAX_NUMPY_SEED, bounded_int
 from core.cli import OneLineParser, run_command
-from live import prechecks, stepclock
+from live import prechecks, server_run, stepclock
 from live.serve_records import first_estimates, read_sched_parts, scheduler_stats, serve_table, write_sched_part
 
 CAPACITY_FILE = "live_capacity.json"
@@ -114,6 +114,9 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--flush-every", type=int, default=16, metavar="N")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--server", metavar="URL",
+                   help="drive a running vllm serve with the leap_sched plugin over HTTP instead of an "
+                        "in-process engine (live.server_run; its settings must match these flags)")
     return p
 
 
@@ -347,6 +350,7 @@ def serve_main(argv) -> int:
     prechecks.check_arrivals_file(args.arrivals, args.clock)
     live = live_config(args)
     engine_overrides = scheduler_engine_args(live)
+    served = server_run.check_server(args)      # --server: reachable, running the plugin (its settings)
 
     # ---- source trace and model
     from core.trace import TraceError, load_trace
@@ -448,6 +452,12 @@ def serve_main(argv) -> int:
     arrivals_desc = None
     if args.arrivals is not None and not (measure and load is not None):
         planned, arrivals_desc = stepclock.planned_arrivals(args, n, rate)
+
+    if args.server is not None:
+        return server_run.run_against_server(args, served, server_run.ServerWorkload(
+            reqs, planned, arrivals_desc, rate, load, capacity, capacity_how, live, workload, src, cfg, model_dir,
+            template, tsha, sampling, dtype, max_model_len, [int(i) for i in rows] if args.sample else f"first {n}",
+            t_start), log)
 
     # ---- engine
     try:

@@ -3,6 +3,8 @@ slower for the matrix sizes here (set before any test module imports numpy)."""
 
 import os
 
+import pytest
+
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
@@ -21,3 +23,22 @@ def _run_order(item) -> int:
     if item.get_closest_marker("capture") is not None:
         return 0
     return 2 if item.path.name == "test_compiled.py" else 1
+
+
+@pytest.fixture
+def server_factory(tmp_path):
+    """Start real ``vllm serve`` processes (``tests/vllm_server.Server``); stop them all afterwards and
+    check that no process of their groups is left."""
+    from vllm_server import Server, group_members
+
+    servers = []
+
+    def start(cfg, name: str, extra: tuple[str, ...] = ()):
+        s = Server(cfg, tmp_path / f"{name}.log", extra)
+        servers.append(s)
+        return s
+
+    yield start
+    for s in servers:
+        s.stop()
+        assert not group_members(s.pgid), f"processes left after stopping the server: {group_members(s.pgid)}"

@@ -11,6 +11,7 @@ import json
 import shlex
 
 from leap_sched.vllm import CONFIG_KEY, EXECUTOR_CLS, SCHEDULER_CLS, WORKER_EXTENSION_CLS
+from leap_sched.vllm.endpoint import MIDDLEWARE as SETTINGS_MIDDLEWARE  # GET /leap_sched/settings, for clients
 from live.config import LiveSchedulerConfig
 
 MODULE_LAUNCHER = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model"]
@@ -32,7 +33,7 @@ def serve_argv(cfg: LiveSchedulerConfig, model: str, *, launcher: str = "vllm") 
     -> ``python -m vllm.entrypoints.openai.api_server``)."""
     head = ["vllm", "serve", model] if launcher == "vllm" else [*MODULE_LAUNCHER, model]
     argv = [*head, "--max-num-seqs", str(cfg.max_resident), "--scheduler-cls", SCHEDULER_CLS,
-            "--distributed-executor-backend", EXECUTOR_CLS]
+            "--distributed-executor-backend", EXECUTOR_CLS, "--middleware", SETTINGS_MIDDLEWARE]
     if cfg.needs_hook:
         argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS, "--enforce-eager"]
     argv += ["--additional-config", json.dumps({CONFIG_KEY: leap_settings(cfg)}, separators=(",", ":"))]

