@@ -41,7 +41,9 @@ class Backend:
     def info(self) -> dict:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def run(self, requests, sampling, on_finished, on_steps):  # pragma: no cover - interface
+    def run(self, requests, sampling, on_finished, on_steps, *, flush_n: int = 32):  # pragma: no cover - interface
+        """Generate every request; finished ones reach ``on_finished`` in groups of about ``flush_n``
+        (a backend that finishes a whole batch at once hands over each batch)."""
         raise NotImplementedError
 
     def close(self) -> None:

@@ -57,9 +57,10 @@ class HFBackend(Backend):
         self._call = -1
         self._last = {}
         self._dec = []
-        self._steps = []
-        self._t = None
-        self._batch_real = None
+        self._steps: list[dict] = []
+        self._t = 0.0                   # set by _pre before each forward
+        self._t0 = 0.0                  # set when a batch starts
+        self._batch_real = 0
 
     def _pre(self, mod, args, kwargs=None):
         self._call += 1
@@ -98,7 +99,7 @@ class HFBackend(Backend):
                 "batch_size": self.batch_size, "padding": "left", "dtype": self.dtype,
                 "threads": self.torch.get_num_threads()}
 
-    def run(self, requests, sampling, on_finished, on_steps):
+    def run(self, requests, sampling, on_finished, on_steps, *, flush_n: int = 32):
         torch = self.torch
         from transformers import StoppingCriteria, StoppingCriteriaList
 
@@ -130,7 +131,7 @@ class HFBackend(Backend):
             self._cur_ids = [r.request_id for r in batch]
             self._batch_real = int(mask.sum())
             self._running_mask = np.ones(n, dtype=bool)
-            self._step_end = []
+            self._step_end: list[float] = []
             self._t0 = t_run0
             t_sub = time.perf_counter()
             do_sample = sampling["temperature"] > 0

@@ -144,10 +144,9 @@ class TextEncoder:
 
     def encode(self, texts: list[str]) -> np.ndarray:
         torch = self.torch
-        out = []
         # sort by length to limit padding
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        res = [None] * len(texts)
+        res: list[np.ndarray] = [np.empty(0, np.float32)] * len(texts)   # each slot filled below
         with torch.inference_mode():
             for s in range(0, len(order), self.batch):
                 idx = order[s:s + self.batch]
@@ -182,8 +181,8 @@ def run_prefill_pass(model_dir, items, *, mean_layer, entropy_layer, check_layer
     ntok = 0
     for s in range(0, len(items), chunk):
         part = items[s:s + chunk]
-        cols = {"request_id": [], "feat_mean": [], "feat_entropy_pooled": [],
-                **{f"check_{k}": [] for k in check_layers}}
+        cols: dict[str, list] = {"request_id": [], "feat_mean": [], "feat_entropy_pooled": [],
+                                 **{f"check_{k}": [] for k in check_layers}}
         for rid, ids, _ in part:
             r = pf.one(ids)
             ntok += len(ids)

@@ -167,8 +167,8 @@ def finalize(store, prompts, meta: dict, backend_info: dict | None, hidden: int,
            if "feat_last" in crosscheck else ""))
 
 
-def _counts(xs):
-    out = {}
+def _counts(xs) -> dict:
+    out: dict = {}
     for x in xs:
         out[x] = out.get(x, 0) + 1
     return out

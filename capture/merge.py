@@ -83,7 +83,7 @@ def merge(out, inputs) -> dict:
     if len(inputs) < 2:
         raise CaptureError("merge needs an output and at least two input traces")
     shards = [_Shard.read(path) for path in inputs]
-    side_meta = {name: next((s.side_meta[name] for s in shards if name in s.side_meta), {})
+    side_meta: dict[str, dict] = {name: next((s.side_meta[name] for s in shards if name in s.side_meta), {})
                  for name in ("decode", "steps")}
     first = shards[0]
     for shard in shards[1:]:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import functools
 import hashlib
 import importlib.util
 import json
@@ -51,6 +52,7 @@ import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import CaptureError
 
@@ -124,7 +126,7 @@ def _package_file(package: str, rel: str, pip_name: str) -> Path:
 def load_lmsys() -> Iterator[Prompt]:
     path = shared_data_dir() / "prompts" / "lmsys_apex_1024.jsonl"
     for i, rec in enumerate(_jsonl(path)):
-        body = rec.get("SynthesizedBody")
+        body: Any = rec.get("SynthesizedBody")   # a Python-literal string or a dict
         try:
             content = ast.literal_eval(body)["content"] if isinstance(body, str) else body["content"]
         except Exception:
@@ -264,8 +266,8 @@ def _turn_text(turn) -> str | None:
         turn = turn.get("content", turn.get("value"))
     if isinstance(turn, list):
         parts = [p.get("text") if isinstance(p, dict) else p for p in turn]
-        parts = [p for p in parts if isinstance(p, str)]
-        turn = "\n".join(parts) if parts else None
+        texts = [p for p in parts if isinstance(p, str)]
+        turn = "\n".join(texts) if texts else None
     return turn if isinstance(turn, str) and turn.strip() else None
 
 
@@ -392,7 +394,7 @@ SOURCES: dict[str, Callable[[], Iterator[Prompt]]] = {
     "multilingual": _chain(*[(lambda lg=lg: load_mgsm(lg)) for lg in MGSM_LANGS], load_arena_nonlatin),
 }
 for _lg in MGSM_LANGS + ["en"]:
-    SOURCES[f"mgsm-{_lg}"] = (lambda lg=_lg: load_mgsm(lg))
+    SOURCES[f"mgsm-{_lg}"] = functools.partial(load_mgsm, _lg)
 
 
 def parse_source(spec: str) -> tuple[Callable[[], Iterator[Prompt]], slice]:

@@ -19,6 +19,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from core.checks import bounded_int, finite_float, output_path
 from core.errors import OneLineParser
@@ -427,7 +428,7 @@ def _load_run_info(store):
 
 
 def _generate(args, store, model_dir, cfg, todo, ref_len, log):
-    from .backend import GenRequest
+    from .backend import Backend, GenRequest
     from .schema import dec_table, gen_table, steps_table
 
     keep = args.keep_prompt_text == "auto"
@@ -441,7 +442,7 @@ def _generate(args, store, model_dir, cfg, todo, ref_len, log):
             raise CaptureError(f"vllm is not importable ({e}); use the capture venv") from None
         from .backend_vllm import VLLMBackend
 
-        be = VLLMBackend(model_dir, last_layers=args.layer, decode_layers=dec_layers,
+        be: Backend = VLLMBackend(model_dir, last_layers=args.layer, decode_layers=dec_layers,
                          decode_every=args.decode_every, dtype=args.dtype, seed=args.seed,
                          max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                          max_num_batched_tokens=args.max_num_batched_tokens,
@@ -460,7 +461,7 @@ def _generate(args, store, model_dir, cfg, todo, ref_len, log):
                 "repetition_penalty": args.repetition_penalty, "max_tokens": args.max_tokens}
     names = list({**{"feat_last": args.layer[0]}, **{f"feat_last_l{k}": k for k in args.layer[1:]}})
     hidden = cfg["hidden_size"]
-    stats = {"generated_tokens": 0, "requests": 0, "wall_s": 0.0, "backend": info.get("backend"),
+    stats: dict[str, Any] = {"generated_tokens": 0, "requests": 0, "wall_s": 0.0, "backend": info.get("backend"),
              "executor": info.get("executor"), "engine_startup_s": getattr(be, "startup_s", None)}
     t0 = time.perf_counter()
     step_state = {"n": 0}
@@ -484,10 +485,7 @@ def _generate(args, store, model_dir, cfg, todo, ref_len, log):
         _write_run_stats(store, stats)
 
     try:
-        if args.backend == "vllm":
-            res = be.run(reqs, sampling, on_finished, on_steps, flush_n=args.flush_every)
-        else:
-            res = be.run(reqs, sampling, on_finished, on_steps)
+        res = be.run(reqs, sampling, on_finished, on_steps, flush_n=args.flush_every)
     finally:
         be.close()
     stats["wall_s"] = res["wall_s"]

@@ -147,7 +147,7 @@ def signal_rows(train_path, paths, column: str = "feat_last") -> tuple[dict, lis
     cv = spearman(out_of_fold_predictions(train, column), train.output_tokens) if len(train) >= 10 else float("nan")
     head = {"trace": Path(train_path).name, "column": column, "n": len(train), "alpha": readout.alpha,
             "lambda": readout.lam, "cv_spearman": cv}
-    rows = []
+    rows: list[dict] = []
     train_file = Path(train_path).resolve()
     for path in paths:
         p = Path(path)

@@ -11,10 +11,10 @@ ENC_DIM = 384
 
 
 def gen_table(fins, by_id, ref_len, max_tokens, names, layers, hidden, keep_text) -> pa.Table:
-    rows = {k: [] for k in ("request_id", "domain", "prompt_id", "prompt_text", "prompt_tokens",
+    rows: dict[str, list] = {k: [] for k in ("request_id", "domain", "prompt_id", "prompt_text", "prompt_tokens",
                             "output_tokens", "finish_reason", "max_tokens", "arrival_s", "ttft_s",
                             "e2e_s", "token_times_s", "reference_output_tokens")}
-    vecs = {n: [] for n in names}
+    vecs: dict[str, list] = {n: [] for n in names}
     for f in fins:
         p = by_id[f.request.request_id]
         rows["request_id"].append(p.request_id)

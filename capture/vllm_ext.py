@@ -19,6 +19,7 @@ Semantics (V1 model runner, vLLM 0.8.5 .. 0.32):
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -62,6 +63,12 @@ def mem_probe_buffer() -> torch.Tensor:
 
 
 class CaptureExt:
+    # vLLM mixes this class into its worker (``worker_extension_cls``), which provides these
+    model_runner: Any
+    parallel_config: Any
+    cache_config: Any
+    rank: int
+
     # ------------------------------------------------------------------ setup
     def ct_install(self, last_layers, decode_layers, decode_every, probe_every=0):
         r = self.model_runner
@@ -70,9 +77,9 @@ class CaptureExt:
         self._ct_last_layers = [int(x) for x in last_layers]
         self._ct_dec_layers = [int(x) for x in decode_layers]
         self._ct_every = int(decode_every) if decode_every else 0
-        self._ct_last = {k: {} for k in self._ct_last_layers}
-        self._ct_dec = []  # (req_id, generated_tokens, layer, tensor)
-        self._ct_steps = []  # dicts
+        self._ct_last: dict[int, dict] = {k: {} for k in self._ct_last_layers}
+        self._ct_dec: list[tuple] = []  # (req_id, generated_tokens, layer, tensor)
+        self._ct_steps: list[dict] = []
         self._ct_calls = 0
         self._ct_stepinfo = None
         tp = self.parallel_config.tensor_parallel_size
@@ -132,7 +139,8 @@ class CaptureExt:
         if self._ct_probe_every and self._ct_nsteps % self._ct_probe_every == 0:
             info["probe_s"] = run_probe(self._ct_probe_in)
         info["probe_mem_s"] = None
-        if self._ct_probe_every and self._ct_nsteps % (self._ct_probe_every * PROBE_MEM_EVERY) == 0:
+        if self._ct_probe_every and self._ct_probe_mem is not None \
+                and self._ct_nsteps % (self._ct_probe_every * PROBE_MEM_EVERY) == 0:
             info["probe_mem_s"] = run_mem_probe(self._ct_probe_mem)
         self._ct_nsteps += 1
         self._ct_steps.append(info)
@@ -183,7 +191,8 @@ class CaptureExt:
                     "prefill_sq": int(np.sum(pre_len * (ncomp + pre_len))),
                 }
             hs, res = out if isinstance(out, tuple) else (out, None)
-            rows_parts, tags = [], []
+            rows_parts: list[np.ndarray] = []
+            tags: list[tuple[str, int, int]] = []
             if is_last:
                 off = nprompt - 1 - ncomp
                 sel = np.nonzero((off >= 0) & (off < qlen))[0]
@@ -205,7 +214,7 @@ class CaptureExt:
                 vec = vec + res.index_select(0, idx)
             vec = vec.detach()
             ids = ib.req_ids
-            buf = self._ct_last.get(layer)
+            buf = self._ct_last.get(layer, {})   # "L" tags only on a last layer
             for j, (kind, i, g) in enumerate(tags):
                 rid = ids[i]
                 if kind == "L":
@@ -219,7 +228,7 @@ class CaptureExt:
     # ------------------------------------------------------------------ fetch
     def ct_fetch(self):
         """Drain buffers. Vectors come back as float32 bytes, row-major."""
-        out = {"last": {}, "dec": None, "steps": self._ct_steps, "calls": self._ct_calls}
+        out: dict[str, Any] = {"last": {}, "dec": None, "steps": self._ct_steps, "calls": self._ct_calls}
         self._ct_steps = []
         for layer, buf in self._ct_last.items():
             ids = list(buf)
@@ -246,7 +255,8 @@ class CaptureExt:
         compute = [run_probe(self._ct_probe_in) for _ in range(int(reps))]
         if not memory:
             return compute
-        if getattr(self, "_ct_probe_mem", None) is None:
-            self._ct_probe_mem = mem_probe_buffer()
-        run_mem_probe(self._ct_probe_mem)          # first touch out of the reference
-        return {"probe_s": compute, "probe_mem_s": [run_mem_probe(self._ct_probe_mem) for _ in range(int(reps))]}
+        mem = getattr(self, "_ct_probe_mem", None)
+        if mem is None:
+            mem = self._ct_probe_mem = mem_probe_buffer()
+        run_mem_probe(mem)          # first touch out of the reference
+        return {"probe_s": compute, "probe_mem_s": [run_mem_probe(mem) for _ in range(int(reps))]}

@@ -212,12 +212,11 @@ def _configs(args) -> list[RunConfig]:
         if name != NO_PREDICTOR and name not in PREDICTORS:
             raise UsageError(f"unknown predictor {name!r} (choose from {', '.join([*PREDICTORS, NO_PREDICTOR])})")
     _check_lengths_only(trace_name, predictors)
-    policies = split_list("--policy", args.policy) if args.policy is not None else [None]
-    for name in policies:
-        if name is None:
-            continue
-        if name not in POLICIES:
-            raise UsageError(f"unknown policy {name!r} (choose from {', '.join(POLICIES)})")
+    policies: list[str | None] = (list(split_list("--policy", args.policy)) if args.policy is not None
+                                  else [None])   # None: FCFS without a predictor, countdown with one
+    for policy_name in policies:
+        if policy_name is not None and policy_name not in POLICIES:
+            raise UsageError(f"unknown policy {policy_name!r} (choose from {', '.join(POLICIES)})")
     step_clock = args.arrivals == "steps"   # the step clock's defaults: unit-time steps, nothing charged
     engine = args.engine if args.engine is not None else ("unit" if step_clock else DEFAULT_PROFILE)
     predictor_cost = args.predictor_cost if args.predictor_cost is not None else ("none" if step_clock else "charged")
@@ -229,7 +228,7 @@ def _configs(args) -> list[RunConfig]:
             if args.load is not None:
                 raise UsageError(f"--load does not apply to --arrivals {args.arrivals} (requests replay as "
                                  "recorded; no capacity is measured); drop --load")
-            loads = [None]
+            loads: list[float | None] = [None]
         else:
             loads = [parse_load(x) for x in split_list("--load", args.load if args.load is not None else DEFAULT_LOAD)]
         explicit = {field: getattr(args, flag) for flag, field in ENGINE_FLAGS.items() if getattr(args, flag) is not None}
@@ -289,7 +288,7 @@ def _note_import(trace) -> None:
               "with 0 prompt or 0 output tokens", file=sys.stderr)
 
 
-def _warn_unsaturated(summaries: list[dict], decode_slots: int) -> None:
+def _warn_unsaturated(summaries: list[dict], decode_slots: int | None) -> None:
     """One line on stderr when some run never gave its policy a choice (too few requests or too
     low a load to fill the decode slots): its predictors tie with FCFS, which says nothing."""
     idle = [s for s in summaries if s.get("saturated_share") == 0 and s["policy"] != "fcfs"]

@@ -414,10 +414,10 @@ def _report(argv: list[str]) -> int:
     try:
         with sigterm_raises_stopped():
             loads = _loads("--loads", args.loads)
-            table3_load = _loads("--table3-load", args.table3_load)
-            if len(table3_load) != 1:
+            table3_loads = _loads("--table3-load", args.table3_load)
+            if len(table3_loads) != 1:
                 raise ValueError(f"--table3-load {args.table3_load!r}: one load, such as 1 or 1.5x")
-            table3_load = table3_load[0]
+            table3_load = table3_loads[0]
             if args.requests is not None and args.requests < 2:
                 raise ValueError("--requests must be >= 2")
             if args.jobs < 1:

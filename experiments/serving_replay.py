@@ -4,6 +4,8 @@ the replay of each run segment from an empty engine (:func:`simulate_segments`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from core.trace import Trace
@@ -119,11 +121,14 @@ def simulate_segments(workload: Trace, segment: np.ndarray, policy_name: str, pr
     seg = np.asarray(segment, dtype=np.int64)
     e2e, ttft = np.full(n, np.nan), np.full(n, np.nan)
     first_pred = np.full(n, np.nan)
-    out = {"makespan_s": 0.0, "gpu_s_charged": 0.0, "predictor_cpu_s": 0.0, "steps": 0}
+    out: dict[str, Any] = {"makespan_s": 0.0, "gpu_s_charged": 0.0, "predictor_cpu_s": 0.0, "steps": 0}
+    sent = workload.arrival_s
+    if sent is None:
+        raise ValueError(f"trace {workload.name!r}: no arrival_s to replay")
     for k in np.unique(seg):
         rows = np.flatnonzero(seg == k)
         part = workload.take(rows)
-        arrival = part.arrival_s - float(part.arrival_s.min())
+        arrival = sent[rows] - float(sent[rows].min())
         predictor = None
         if predictor_name != NO_PREDICTOR:
             predictor = make_predictor(predictor_name, PredictorOptions(train_trace=train, update_every=update_every))

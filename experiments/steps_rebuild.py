@@ -48,6 +48,7 @@ import sys
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -172,11 +173,11 @@ def rebuild(trace_path: Path) -> tuple[pa.Table, dict]:
     exact = np.zeros(n, dtype=bool)
     finished_by_run = {int(r["run"]): int(r["requests"]) for r in meta.get("runs", []) if "run" in r}
     done = np.zeros(len(prompt), dtype=bool)
-    report = {"trace": trace_path.name, "runs": []}
+    report: dict[str, Any] = {"trace": trace_path.name, "runs": []}
     for k in np.unique(run):
         idx = np.flatnonzero(run == k)
         queue = [int(i) for i in np.flatnonzero(~done)]
-        best = None
+        best: tuple[dict[str, np.ndarray], list[int], np.ndarray, bool] | None = None
         for cap in (None, recorded["prefill_requests"][idx]):   # keep the replay that matches more steps
             cols, finishers = replay_run(prompt, output, queue, len(idx), settings, cap)
             match = np.ones(len(idx), dtype=bool)
@@ -184,6 +185,8 @@ def rebuild(trace_path: Path) -> tuple[pa.Table, dict]:
                 match &= cols[c] == recorded[c][idx]
             if best is None or match.sum() > best[2].sum():
                 best = (cols, finishers, match, cap is not None)
+        if best is None:   # the loop above ran twice
+            raise RuntimeError("no replay of the run was made")
         cols, finishers, match, capped = best
         for c in out:
             out[c][idx] = cols[c]

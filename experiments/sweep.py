@@ -33,6 +33,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 import pyarrow as pa
 
@@ -307,13 +308,14 @@ def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1
     after stopping the workers; finished runs stay on disk. With ``out`` and several configurations
     the results table streams (:class:`ResultsStream`). ``stats`` (Ray) receives
     ``traces_shipped`` and ``trace_fetches`` (worker processes that fetched a trace)."""
-    if isinstance(prepared, Prepared):
-        prepared = [prepared]
-    if prepared is not None and (len(prepared) != len(configs)
-                                 or any(p.config != c for p, c in zip(prepared, configs))):
+    # the caller's list itself: each slot is released (None) once run, so its state can be freed
+    runs = cast("list[Prepared | None] | None", [prepared] if isinstance(prepared, Prepared) else prepared)
+    if runs is not None and (len(runs) != len(configs)
+                             or any(p is None or p.config != c for p, c in zip(runs, configs))):
         raise ValueError("run_many: prepared runs must match the configurations given, one each")
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r} (choose from {', '.join(EXECUTORS)})")
+    outs: list[str | None]
     if out is None:
         outs = [None] * len(configs)
     elif len(configs) == 1:
@@ -325,15 +327,17 @@ def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1
     stats = stats if stats is not None else {}
 
     def finished(i: int) -> None:
-        if stream is not None:
-            stream.add(i, results[i])
+        result = results[i]
+        if stream is not None and result is not None:
+            stream.add(i, result)
         on_done()
 
     try:
         with sigterm_raises_stopped():
             if resume and out is not None:
                 for i, (config, target) in enumerate(zip(configs, outs)):
-                    results[i] = completed_summary(config, target, prepared[i] if prepared else None)
+                    if target is not None:
+                        results[i] = completed_summary(config, target, runs[i] if runs else None)
                 skipped = sum(r is not None for r in results)
                 if skipped:
                     notify(f"skipped {skipped} of {len(configs)} runs already complete in {out} (same config)")
@@ -343,9 +347,9 @@ def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1
             todo = [i for i, r in enumerate(results) if r is None]
             if executor == "ray":
                 _ray_run(configs, outs, todo, results, finished, stats)
-            elif prepared is not None:
+            elif runs is not None:
                 for i in todo:
-                    run, prepared[i] = prepared[i], None   # released once run: its predictor's state is spent
+                    run, runs[i] = runs[i], None   # released once run: its predictor's state is spent
                     results[i] = run_one(configs[i], outs[i], run)
                     finished(i)
             else:
@@ -359,10 +363,10 @@ def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1
             if stream is not None:
                 stream.flush()
         # a worker may have finished a run whose result had not reached this process yet
-        finished = sum(r is not None or (t is not None and (Path(t) / SUMMARY_FILE).exists())
-                       for r, t in zip(results, outs))
-        raise SweepInterrupted(finished, len(configs), out, signum) from None
-    return results
+        done = sum(r is not None or (t is not None and (Path(t) / SUMMARY_FILE).exists())
+                   for r, t in zip(results, outs))
+        raise SweepInterrupted(done, len(configs), out, signum) from None
+    return cast("list[dict]", results)   # every run finished: each slot holds its summary
 
 
 CONFIG_COLUMNS = ("trace", "predictor", "policy", "engine", "arrivals", "load", "seed", "charge_cost")

@@ -81,7 +81,10 @@ def validate_one(trace: Trace, profile_from: Trace, requests: int | None = None)
     meta = trace.metadata or {}
     runs = meta.get("runs") or []
     if serving:
-        real_makespan = float(np.max(wl.arrival_s + real["e2e"]) - np.min(wl.arrival_s))
+        sent = wl.arrival_s
+        if sent is None:
+            raise ValueError(f"trace {trace.name!r}: a serving recording without arrival_s")
+        real_makespan = float(np.max(sent + real["e2e"]) - np.min(sent))
     else:
         real_makespan = float(sum(r.get("wall_s", 0.0) for r in runs)) if requests is None else float("nan")
     serving_meta = meta.get("serving") or {}

@@ -197,6 +197,8 @@ def validate_serving(trace: Trace, profile_from: Trace, predictor_cost: str = "n
     real = measured(workload)
     out_tok = workload.output_tokens.astype(np.float64)
     arrival = workload.arrival_s
+    if arrival is None:   # serving_workload always sets it
+        raise ValueError(f"trace {trace.name!r}: no arrival_s in its replayed workload")
     real_makespan = sum(float(np.max((arrival + real["e2e"])[seg_col == k]) - np.min(arrival[seg_col == k]))
                         for k in np.unique(seg_col))
     row = {"run": trace.name, "policy": policy_name, "predictor": live_pred, "load": serving_load(trace),

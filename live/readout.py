@@ -63,6 +63,8 @@ def export_readout(train: str, out: str | Path) -> ReadoutFile:
 
     trace = load_trace(train)
     readout, gram = fit_readout(trace, HOOK_FEATURE, DEFAULT_TARGET, want_gram=True)
+    if gram is None:   # want_gram=True always returns it
+        raise RuntimeError(f"trace {trace.name}: the read-out fit returned no gram matrix")
     meta = trace.metadata
     layer = readout.layer if readout.layer is not None else (meta.get("layers") or {}).get(HOOK_FEATURE)
     if not isinstance(layer, int):

@@ -167,9 +167,10 @@ class LeapScheduler(Scheduler):
                 if z is not None:
                     st.feature = z[j]
         if pred.has_update():
-            states = [st for st in self._leap_req.values() if st.feature is not None]
-            if states:
-                fresh = pred.rescore(np.stack([st.feature for st in states]))
+            features = [(st, st.feature) for st in self._leap_req.values() if st.feature is not None]
+            if features:
+                states = [st for st, _ in features]
+                fresh = pred.rescore(np.stack([f for _, f in features]))
                 for st, v in zip(states, fresh.tolist()):
                     st.predicted = v
 
@@ -213,7 +214,8 @@ class LeapScheduler(Scheduler):
         self._take_predictions()
         if self._leap_orders_admission:
             self._order_admission(step)
-        cand, others = [], []
+        cand: list = []
+        others: list = []
         for r in self.running:      # past prefill, and not already holding its last token in flight (async)
             (cand if 0 < _generated(r) < r.max_tokens and not r.is_prefill_chunk else others).append(r)
         n_forced, chosen_idx = 0, np.empty(0, dtype=np.int64)

@@ -69,7 +69,7 @@ class LiveExt(CaptureExt):
             raise ValueError(f"read-out has {len(w)} weights, the model's hidden size is {hidden}")
         tp = self.parallel_config.tensor_parallel_size
         self._lv_active = tp <= 1 or self.rank % tp == 0
-        self._lv_w = None
+        self._lv_w: torch.Tensor | None = None
         self._lv_params = (np.asarray(w, dtype=np.float32), float(b), float(lo), float(hi), bool(square),
                            float(cap))
         self._lv_keep = bool(keep_vectors)

@@ -163,7 +163,7 @@ class Predictor(ABC):
     name: ClassVar[str]
     output: ClassVar[Literal["length", "rank"]] = "length"
     stage: ClassVar[Literal["arrival", "prefill"]] = "prefill"
-    requires: ClassVar[tuple[str, ...]] = ()   # trace columns the predictor reads
+    requires: tuple[str, ...] = ()   # trace columns the predictor reads (a head may set its own)
     sees_true_lengths: ClassVar[bool] = False  # oracles only: bound to the trace with its true lengths
     # fitted on a training trace (the report's tables compare these); a toy or rule-based predictor
     # stays out of them unless it says so

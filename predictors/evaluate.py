@@ -118,7 +118,7 @@ def evaluate(predictor_names: list[str], traces: list[Trace], options: Predictor
             pred, updates = stream_predictions(predictor, trace, options.seed)
             truth = trace.output_tokens.astype(np.float64)
             for domain, idx in _domains(trace):
-                record = {"predictor": name, "trace": trace.name, "domain": domain}
+                record: dict[str, object] = {"predictor": name, "trace": trace.name, "domain": domain}
                 record.update(_quality(pred[idx], truth[idx], lengths=predictor.output == "length"))
                 record["online_updates"] = updates
                 record["in_sample"] = bool(train_hash is not None and trace.content_hash == train_hash)
@@ -144,7 +144,8 @@ def ablation_target(train: Trace, traces: list[Trace]) -> list[dict]:
             pred = readout.predict(trace.feature(DEFAULT_COLUMN))
             truth = trace.output_tokens.astype(np.float64)
             for domain, idx in _domains(trace):
-                record = {"ablation": "target", "target": target, "trace": trace.name, "domain": domain}
+                record: dict[str, object] = {"ablation": "target", "target": target, "trace": trace.name,
+                                             "domain": domain}
                 record.update(_quality(pred[idx], truth[idx]))
                 record["lambda"] = readout.lam
                 rows.append(record)
@@ -302,14 +303,14 @@ def run(args: argparse.Namespace) -> int:
                     ("lambda", "lambda")]
             _emit(rows, args.json, keys, f"target ablation (trained on {train.name})", args.wide)
             return 0
-        rows = ablation_layer(train, traces)
-        if rows is None:
+        layer_rows = ablation_layer(train, traces)
+        if layer_rows is None:
             print(f"evaluate-predictors: layer ablation skipped: training trace {train.name!r} has only "
                   f"{len(feature_columns(train))} feature column(s) "
                   f"({', '.join(feature_columns(train)) or 'none'}); it needs several tapped layers",
                   file=sys.stderr)
             return 0
-        if not rows:
+        if not layer_rows:
             print("evaluate-predictors: layer ablation skipped: no evaluation trace has the training "
                   "trace's feature columns", file=sys.stderr)
             return 0
@@ -317,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
                 ("trace", "trace"), ("domain", "domain"), ("n", "n"), ("spearman", "Spearman"),
                 ("mae", "MAE"), ("mae_le256", "MAE <=256"), ("mae_257_1024", "MAE 257-1024"),
                 ("mae_gt1024", "MAE >1024")]
-        _emit(rows, args.json, keys, f"layer ablation (trained on {train.name})", args.wide)
+        _emit(layer_rows, args.json, keys, f"layer ablation (trained on {train.name})", args.wide)
         return 0
 
     train_hash = None

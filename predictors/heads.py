@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -178,7 +178,8 @@ class Artifact:
     def to_bytes(self) -> bytes:
         buf = io.BytesIO()
         meta = np.frombuffer(json.dumps(self.meta, sort_keys=True).encode(), dtype=np.uint8)
-        np.savez_compressed(buf, **{META_KEY: meta}, **self.arrays)
+        arrays: dict[str, Any] = {META_KEY: meta, **self.arrays}   # Any: numpy's stub types allow_pickle too
+        np.savez_compressed(buf, **arrays)
         return buf.getvalue()
 
     def save(self, path: Path) -> None:
@@ -289,7 +290,11 @@ class HeadPredictor(Predictor):
     method: ClassVar[str]
     version: ClassVar[int]
     defaults: ClassVar[dict]
-    trainer: ClassVar[Callable[[Trace, dict], Artifact]]
+
+    @staticmethod
+    def trainer(trace: Trace, settings: dict) -> Artifact:
+        """Train the method's arrays on ``trace`` (each head sets its own: ``staticmethod(train)``)."""
+        raise NotImplementedError
 
     def __init__(self, artifact: Artifact):
         """Single-input heads read ``settings["column"]`` (default: the class's ``requires``)."""

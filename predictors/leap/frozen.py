@@ -71,6 +71,8 @@ class Leap(Predictor):
     @property
     def readout(self) -> LinearReadout:
         self._fit(want_gram=False)
+        if self._readout is None:
+            raise RuntimeError(f"{self.name}: the read-out was not fitted")   # _fit sets it
         return self._readout
 
     # -- binding ------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ class LeapRLS(Leap):
         if update_every < 1:
             raise ValueError(f"update batch must be >= 1, got {update_every}")
         self.update_every = int(update_every)
+        self.feedback_batch = self.update_every   # feedback updates once per full batch
         self.rls: AnchoredRLS | None = None
 
     @classmethod
@@ -48,7 +49,7 @@ class LeapRLS(Leap):
         Predictor.bind(self, workload, rng)
         self._fit(want_gram=True)
         X = self._check_workload(workload)
-        readout = self._readout
+        readout = self.readout
         self._Z = readout.standardize(X, dtype=np.float32)      # rows of the bound workload
         self.rls = AnchoredRLS.from_weights(readout.theta, self._gram)   # fresh anchor per run
         self._published = self.rls.theta
@@ -62,7 +63,7 @@ class LeapRLS(Leap):
     def predict(self, rows, known=None) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64)
         theta = self._published
-        return self._readout.output(self._Z[rows].astype(np.float64) @ theta[:-1] + theta[-1])
+        return self.readout.output(self._Z[rows].astype(np.float64) @ theta[:-1] + theta[-1])
 
     def fixed_estimates(self) -> np.ndarray | None:
         return None   # each publish changes the weights
@@ -82,20 +83,19 @@ class LeapRLS(Leap):
         batch_rows = np.concatenate(self._buffer_rows)
         batch_len = np.concatenate(self._buffer_len)
         self._buffer_rows, self._buffer_len, self._buffered = [], [], 0
-        self.rls.update(with_bias(self._Z[batch_rows]), self._target.forward(batch_len))
+        rls = self.rls
+        if rls is None:
+            raise RuntimeError(f"{self.name}: feedback before bind")
+        rls.update(with_bias(self._Z[batch_rows]), self._target.forward(batch_len))
         self._version += 1
-        publish = partial(self._publish, self._version, self.rls.theta)   # this update's snapshot
-        return PendingUpdate(cpu_s=rls_update_cpu_s(batch_rows.size, self.rls.dim), publish=publish,
+        publish = partial(self._publish, self._version, rls.theta)   # this update's snapshot
+        return PendingUpdate(cpu_s=rls_update_cpu_s(batch_rows.size, rls.dim), publish=publish,
                              requests=int(batch_rows.size))
 
     def _publish(self, version: int, theta: np.ndarray) -> None:
         if version > self._published_version:       # an older snapshot never replaces a newer one
             self._published = theta
             self._published_version = version
-
-    @property
-    def feedback_batch(self) -> int:
-        return self.update_every
 
     @property
     def published_version(self) -> int:

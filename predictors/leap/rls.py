@@ -104,21 +104,22 @@ class AnchoredRLS:
         for start in range(0, p, self.block_rows):
             yield start, min(start + self.block_rows, p)
 
-    def _downdate_rows(self, start: int, end: int, Ht: np.ndarray) -> np.ndarray:
+    def _downdate_rows(self, start: int, end: int, H: np.ndarray, Ht: np.ndarray) -> np.ndarray:
         """Apply the pending ``P -= H H^T`` to the lower part of rows [start, end); return them."""
         rows = self._P[start:end, :end]
-        rows -= self._H[start:end] @ Ht[:, :end]
+        rows -= H[start:end] @ Ht[:, :end]
         diag = self._P[start:end, start:end]
         diag[...] = 0.5 * (diag + diag.T)
         return rows
 
     def flush(self) -> None:
         """Apply a pending downdate now (``update`` otherwise fuses it with the next sweep)."""
-        if self._H is None:
+        H = self._H
+        if H is None:
             return
-        Ht = np.ascontiguousarray(self._H.T)
+        Ht = np.ascontiguousarray(H.T)
         for start, end in self._blocks():
-            self._downdate_rows(start, end, Ht)
+            self._downdate_rows(start, end, H, Ht)
         self._H = None
 
     def _sweep(self, U: np.ndarray) -> np.ndarray:
@@ -131,17 +132,17 @@ class AnchoredRLS:
         Ut = np.ascontiguousarray(U.T)
         V = np.zeros((self.dim, U.shape[0]))
         H = self._H
-        fold = H is not None and H.shape[1] + U.shape[0] > self.max_pending_rank
-        Ht = np.ascontiguousarray(H.T) if fold else None
+        fold = H if H is not None and H.shape[1] + U.shape[0] > self.max_pending_rank else None
+        Ht = None if fold is None else np.ascontiguousarray(fold.T)
         for start, end in self._blocks():
-            if fold:
-                rows = self._downdate_rows(start, end, Ht)
+            if fold is not None and Ht is not None:
+                rows = self._downdate_rows(start, end, fold, Ht)
             else:
                 rows = self._P[start:end, :end]
             V[start:end] += rows @ Ut[:end]
             if start:
                 V[:start] += rows[:, :start].T @ Ut[start:end]
-        if fold:
+        if fold is not None:
             self._H = None
         elif H is not None:
             V -= H @ (H.T @ Ut)

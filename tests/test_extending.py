@@ -1,0 +1,172 @@
+"""docs/extending.md, followed: a toy policy and a toy predictor are added the way its recipes say
+(the new file, the registry line, the reference-or-exempt / live decision), and the recipe's own
+check commands, read from the document, are run with them. A recipe that names a file or registry
+that is gone, a count of files that is wrong, or a command that fails or never lets the policy
+choose, fails here."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "extending.md"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+TOY_POLICY = "toy-longest"
+TOY_PREDICTOR = "toy-prompt"
+#: step 1 of each recipe: the new file (the toy's code, as a user would write it)
+TOY_FILES = {
+    "toy_policy.py": '''
+        """Longest predicted remaining first (countdown reversed): a toy policy."""
+        from policies.base import Policy
+        from policies.countdown import remaining
+
+
+        class ToyLongest(Policy):
+            name = "toy-longest"
+            uses_predictions = True
+
+            def decode_keys(self, view, rows):
+                return -remaining(view, rows)
+        ''',
+    "toy_predictor.py": '''
+        """Output length = prompt length: a toy, rule-based predictor (not learned)."""
+        import numpy as np
+
+        from predictors.base import Predictor
+
+
+        class ToyPrompt(Predictor):
+            name = "toy-prompt"
+            output = "length"
+            stage = "arrival"
+            static_estimates = True
+
+            def bind(self, workload, rng):
+                super().bind(workload, rng)
+                self._prompt = workload.prompt_tokens.astype(np.float64)
+
+            def predict(self, rows, known=None):
+                return self._prompt[rows]
+        ''',
+    # steps 2 and 3: the registry line and the live decision, made when the interpreter starts
+    "sitecustomize.py": '''
+        from policies import POLICIES
+        from predictors import PREDICTORS
+        from predictors.live import NOT_LIVE
+        from toy_policy import ToyLongest
+        from toy_predictor import ToyPrompt
+
+        POLICIES["toy-longest"] = ToyLongest
+        PREDICTORS["toy-prompt"] = ToyPrompt
+        NOT_LIVE["toy-prompt"] = "nothing it could use (a toy)"
+        ''',
+}
+#: the console scripts the recipes name -> the function behind each (pyproject's [project.scripts])
+SCRIPTS = {"simulate": "experiments.entry:simulate", "evaluate-predictors": "experiments.entry:evaluate_predictors"}
+
+
+def section(title: str) -> str:
+    text = DOC.read_text()
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else None]
+
+
+def recipe_steps(title: str) -> list[str]:
+    """The file each numbered step of a recipe touches (its first backticked path)."""
+    return re.findall(r"^\d+\. `([^`]+)`", section(title), flags=re.M)
+
+
+def recipe_commands(tag: str, name: str) -> list[list[str]]:
+    block = re.search(rf"```sh {tag}\n(.*?)```", DOC.read_text(), flags=re.S)
+    assert block, f"docs/extending.md has no ```sh {tag} block"
+    return [line.replace("NAME", name).split() for line in block.group(1).splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def toy_site(tmp_path_factory) -> Path:
+    site = tmp_path_factory.mktemp("toys")
+    for name, code in TOY_FILES.items():
+        (site / name).write_text(textwrap.dedent(code))
+    return site
+
+
+def run_command(argv: list[str], site: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]), OPENBLAS_NUM_THREADS="1",
+               OMP_NUM_THREADS="1")
+    if argv[0] == "pytest":
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *argv[1:]]
+    else:
+        module, _, func = SCRIPTS[argv[0]].partition(":")
+        cmd = [sys.executable, "-c", f"import sys; from {module} import {func}; sys.argv = {argv!r}; "
+               f"sys.exit({func}())"]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_the_recipes_count_and_name_files_that_exist():
+    assert recipe_steps("Add a policy") == ["policies/NAME.py", "policies/__init__.py", "tests/reference_sim.py"]
+    assert "Three files" in section("Add a policy")
+    assert recipe_steps("Add a predictor") == ["predictors/NAME.py", "predictors/__init__.py", "predictors/live.py"]
+    assert "Three files, four with a live twin" in section("Add a predictor")
+    for title in ("Add a policy", "Add a predictor"):
+        for path in recipe_steps(title):
+            assert (ROOT / path).parent.is_dir() and ("NAME" in path or (ROOT / path).is_file()), path
+    named = {"POLICIES": "policies/__init__.py", "PREDICTORS": "predictors/__init__.py",
+             "REFERENCE_EXEMPT": "tests/test_registries.py", "NOT_LIVE": "predictors/live.py",
+             "LIVE_PREDICTORS": "predictors/live.py", "LIVE_CLASSES": "live/predictors.py",
+             "LIVE_POLICIES": "live/config.py", "compiled_form": "policies/base.py",
+             "static_estimates": "predictors/base.py", "learned": "predictors/base.py",
+             "def unsupported": "simulator/compiled.py"}
+    for symbol, path in named.items():
+        assert symbol.removeprefix("def ") in DOC.read_text(), symbol
+        assert symbol in (ROOT / path).read_text(), f"{symbol} is no longer in {path}"
+
+
+def test_a_new_policy_must_join_the_reference_or_the_exempt_list(monkeypatch, toy_site):
+    monkeypatch.syspath_prepend(str(toy_site))
+    import test_registries
+    from toy_policy import ToyLongest
+
+    from policies import POLICIES
+    monkeypatch.setitem(POLICIES, TOY_POLICY, ToyLongest)
+    with pytest.raises(AssertionError, match=TOY_POLICY):
+        test_registries.test_every_policy_is_in_the_reference_or_exempt_by_name()
+    monkeypatch.setattr(test_registries, "REFERENCE_EXEMPT", test_registries.REFERENCE_EXEMPT | {TOY_POLICY})
+    test_registries.test_every_policy_is_in_the_reference_or_exempt_by_name()
+
+
+def test_a_new_predictor_must_make_its_live_decision(monkeypatch, toy_site):
+    monkeypatch.syspath_prepend(str(toy_site))
+    import test_live_registry
+    from toy_predictor import ToyPrompt
+
+    from predictors import PREDICTORS
+    from predictors.live import NOT_LIVE
+    monkeypatch.setitem(PREDICTORS, TOY_PREDICTOR, ToyPrompt)
+    with pytest.raises(AssertionError, match="NOT_LIVE"):
+        test_live_registry.test_every_simulator_predictor_is_a_twin_or_refused_live_with_a_reason()
+    monkeypatch.setitem(NOT_LIVE, TOY_PREDICTOR, "a toy")
+    test_live_registry.test_every_simulator_predictor_is_a_twin_or_refused_live_with_a_reason()
+    assert not ToyPrompt.learned   # so it stays out of the report's tables (LEARNED)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tag, name", [("recipe-policy", TOY_POLICY), ("recipe-predictor", TOY_PREDICTOR)])
+def test_the_recipes_commands_run_as_written(tag, name, toy_site):
+    for argv in recipe_commands(tag, name):
+        r = run_command(argv, toy_site)
+        assert r.returncode == 0, f"{' '.join(argv)}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        if argv[0] == "pytest":
+            assert re.search(r"\d+ passed", r.stdout) and "deselected" in r.stdout, r.stdout[-2000:]
+        if argv[0] == "simulate":   # at the documented load the policy chooses
+            assert "never had more ready requests" not in r.stderr, r.stderr
+        if argv[0] != "pytest":
+            assert name in r.stdout, r.stdout[-2000:]
