@@ -35,7 +35,8 @@ def served_settings(vllm_config) -> dict:
     """The scheduler and engine settings of a served ``vllm_config`` (JSON-able)."""
     from leap_sched.vllm import SCHEDULER_CLS
     from leap_sched.vllm.internals import installed_version
-    from leap_sched.vllm.settings import scheduler_config, served_model_id
+    from leap_sched.vllm.settings import scheduler_config
+    from live.config import model_id_of
 
     sched = vllm_config.scheduler_config
     model = vllm_config.model_config
@@ -50,7 +51,7 @@ def served_settings(vllm_config) -> dict:
     names = model.served_model_name
     return {
         "plugin": "leap_sched", "vllm": installed_version(), "scheduler_cls": cls_name, "leap": leap,
-        "model": {"id": served_model_id(model.model), "served_model_name": names if isinstance(names, str) else names[0],
+        "model": {"id": model_id_of(model.model), "served_model_name": names if isinstance(names, str) else names[0],
                   "hidden_size": int(hf.hidden_size), "num_layers": int(hf.num_hidden_layers)},
         "dtype": str(model.dtype).removeprefix("torch."), "max_model_len": int(model.max_model_len),
         "enforce_eager": bool(model.enforce_eager), "seed": model.seed,
