@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+#: The plugin's settings endpoint (served by ``leap_sched.vllm.endpoint``; the client reads it here).
+SETTINGS_PATH = "/leap_sched/settings"
 #: Seconds to wait for the server to answer a pre-flight request (health, settings, tokenize).
 PROBE_TIMEOUT_S = 10.0
 #: A streamed request may wait this long between chunks (a long queue on a slow host).

@@ -94,8 +94,7 @@ async def fetch_settings(server: str) -> dict:
     """The plugin's report of what the server runs (``GET /leap_sched/settings``), after ``/health``."""
     import httpx
 
-    from leap_sched.vllm.endpoint import SETTINGS_PATH
-    from live.http_client import get_json
+    from live.http_client import SETTINGS_PATH, get_json
 
     base = base_url(server)
     async with httpx.AsyncClient() as client:

@@ -15,8 +15,8 @@ import hashlib
 import os
 from pathlib import Path
 
-#: The path this middleware answers.
-SETTINGS_PATH = "/leap_sched/settings"
+from live.http_client import SETTINGS_PATH  # the path this middleware answers (the client reads it)
+
 #: The import path vLLM's ``--middleware`` flag takes.
 MIDDLEWARE = "leap_sched.vllm.endpoint.settings_endpoint"
 #: Environment of the server (inherited by the engine core) that sets the CPU engine's resources.
