@@ -74,7 +74,13 @@ start_server() {  # policy predictor log
     TOKENIZERS_PARALLELISM=false setsid taskset -c "$CPU" "$PY" "${argv[@]}" --host 127.0.0.1 --port "$PORT" \
     > "$3" 2>&1 &
   local pid=$!
-  SERVER_PGID="$(ps -o pgid= -p "$pid" | tr -d ' ')"
+  # setsid makes the server its own process group (pgid = pid) once it has run: wait for that, so that
+  # stop_server never signals this script's own group
+  until [ "$(ps -o pgid= -p "$pid" | tr -d ' ')" = "$pid" ]; do
+    kill -0 "$pid" 2> /dev/null || { echo "the server exited at once (log: $3)" >&2; tail -5 "$3" >&2; exit 1; }
+    sleep 0.1
+  done
+  SERVER_PGID="$pid"
   local deadline=$((SECONDS + START_TIMEOUT_S))
   until curl -sf "http://127.0.0.1:$PORT/health" > /dev/null; do
     if ! kill -0 "$pid" 2> /dev/null; then
@@ -86,6 +92,7 @@ start_server() {  # policy predictor log
 }
 stop_server() {
   [ -n "$SERVER_PGID" ] || return 0
+  [ "$SERVER_PGID" != "$(ps -o pgid= -p $$ | tr -d ' ')" ] || { echo "internal: server group is ours" >&2; exit 1; }
   kill -INT -- "-$SERVER_PGID" 2> /dev/null || true
   for _ in $(seq 1 120); do pgrep -g "$SERVER_PGID" > /dev/null || break; sleep 1; done
   if pgrep -g "$SERVER_PGID" > /dev/null; then kill -KILL -- "-$SERVER_PGID" 2> /dev/null || true; sleep 1; fi
