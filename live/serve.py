@@ -39,7 +39,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from capture import CaptureError
-from core.cli import run_command
+from core.errors import run_command
 from live import server_run, stepclock
 from live.serve_capacity import CAPACITY_FILE, capacity_key, read_capacity, write_capacity  # noqa: F401 (re-exported)
 from live.serve_engine import SERVE_TIMING  # noqa: F401 (re-exported)
@@ -151,6 +151,8 @@ def serve_main(argv) -> int:
         planned, arrivals_desc = stepclock.planned_arrivals(args, n, rate)
 
     if args.server is not None:
+        # serve_flags: --server needs --arrivals and a rate, and check_server answered before this
+        assert served is not None and planned is not None and arrivals_desc is not None and rate is not None
         return server_run.run_against_server(args, served, server_run.ServerWorkload(
             w.reqs, planned, arrivals_desc, rate, load, capacity, capacity_how, live, workload, w.src, w.cfg,
             w.model_dir, w.template, w.tsha, sampling, w.dtype, w.max_model_len,
@@ -191,7 +193,7 @@ def _write_json(path: Path, obj) -> None:
 
 
 def main(argv=None) -> int:
-    """``leap-serve``: one line and exit 2 on bad input, like every command (``core.cli``)."""
+    """``leap-serve``: one line and exit 2 on bad input, like every command (``core.errors``)."""
     return run_command(serve_main, argv, "leap-serve", interrupt_hint="rerun with --resume to continue")
 
 

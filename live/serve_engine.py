@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import time
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +45,7 @@ def run_engine(args, w, run, log) -> int:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        forced = dict(min_tokens=req.length, ignore_eos=True) if args.force_lengths else {}
+        forced: dict[str, Any] = dict(min_tokens=req.length, ignore_eos=True) if args.force_lengths else {}
         if live is not None and live.predictor == "ssjf":
             from live import PROMPT_TEXT_KEY
             forced["extra_args"] = {PROMPT_TEXT_KEY: req.prompt_text}
@@ -107,6 +108,7 @@ def run_engine(args, w, run, log) -> int:
             if args.arrivals is None:
                 return 0
             if load is not None:
+                assert run_config is not None   # --capacity measure with --arrivals writes --out
                 rate = load * capacity
                 run_config[stepclock.rate_key(args.clock)] = rate
                 planned, arrivals_desc = stepclock.planned_arrivals(args, n, rate)

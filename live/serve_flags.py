@@ -10,7 +10,7 @@ from pathlib import Path
 
 from capture import CaptureError
 from core.checks import MAX_NUMPY_SEED, bounded_int
-from core.cli import OneLineParser
+from core.errors import OneLineParser
 from live import prechecks, stepclock
 
 

@@ -32,14 +32,15 @@ def _source_prompts(meta: dict, table, ids, tok, log) -> tuple[dict[str, list[in
     """Prompt token ids (and raw texts) of the chosen requests: from prompt_text where the trace
     carries it, else re-read from the trace's prompt source; each checked against the recorded
     prompt_tokens."""
-    texts = {}
+    texts: dict[str, str] = {}
     have_text = "prompt_text" in table.column_names
     col = table.column("prompt_text").to_pylist() if have_text else [None] * table.num_rows
     rid_col = table.column("request_id").to_pylist()
     pos = {r: i for i, r in enumerate(rid_col)}
     for rid in ids:
-        if col[pos[rid]] is not None:
-            texts[rid] = col[pos[rid]]
+        text = col[pos[rid]]
+        if text is not None:
+            texts[rid] = str(text)
     missing = [r for r in ids if r not in texts]
     if missing:
         sources = meta.get("prompt_sources") or (meta.get("run_config") or {}).get("prompt_sources")
@@ -53,7 +54,7 @@ def _source_prompts(meta: dict, table, ids, tok, log) -> tuple[dict[str, list[in
             if r not in by_id:
                 raise CaptureError(f"request {r}: not found in the prompt source(s) {', '.join(sources)}")
             texts[r] = by_id[r]
-    out = {}
+    out: dict[str, list[int]] = {}
     recorded = table.column("prompt_tokens").to_pylist()
     for rid in ids:
         got = tok.apply_chat_template([{"role": "user", "content": texts[rid]}],
