@@ -446,8 +446,10 @@ def _shareable(value):
     return value
 
 
-def parse_cpu_list(text: str) -> list[int]:
-    """CPU ids from a list such as "0", "0-1" or "0,2-3" (the VLLM_CPU_OMP_THREADS_BIND format)."""
+def parse_cpu_list(text: str, local: bool = True) -> list[int]:
+    """CPU ids from a list such as "0", "0-1" or "0,2-3" (the VLLM_CPU_OMP_THREADS_BIND format);
+    ``local``: they must be among this process's CPUs (False for another process's binding, e.g. a
+    server's, which this process may be pinned away from)."""
     cpus: list[int] = []
     try:
         for part in text.split(","):
@@ -455,6 +457,6 @@ def parse_cpu_list(text: str) -> list[int]:
             cpus.extend(range(int(lo), int(hi or lo) + 1))
     except ValueError:
         raise CaptureError(f"--threads {text!r}: expected CPU ids such as 0, 0-1 or 0,2-3") from None
-    if not cpus or not set(cpus) <= os.sched_getaffinity(0):
+    if not cpus or (local and not set(cpus) <= os.sched_getaffinity(0)):
         raise CaptureError(f"--threads {text!r}: CPUs must be among {sorted(os.sched_getaffinity(0))}")
     return sorted(set(cpus))

@@ -32,7 +32,7 @@ def engine_desc(args, w, settings: dict) -> dict:
             "max_model_len": settings["max_model_len"], "max_resident": settings["max_num_seqs"],
             "decode_slots": settings["leap"]["decode_slots"], "scheduler": "live", "wait_cap": settings["leap"]["wait_cap"],
             "max_num_batched_tokens": settings["max_num_batched_tokens"], "kv_blocks": settings.get("kv_blocks"),
-            "threads": len(parse_cpu_list(bind)) if bind and bind not in ("auto", "nobind") else None,
+            "threads": len(parse_cpu_list(bind, local=False)) if bind and bind not in ("auto", "nobind") else None,
             "sampling": w.sampling, "engine": f"vllm {settings['vllm']} (server)"}
 
 

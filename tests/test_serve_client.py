@@ -138,3 +138,15 @@ def test_fcfs_run_through_http_is_a_valid_serving_trace(server_factory, tmp_path
     report = json.loads(v.stdout.strip().splitlines()[-1])
     assert (report["requests"], report["policy"], report["decode_slots"]) == (N, "fcfs", 1)
     assert report["clock"] == "seconds" and report["real_mean_e2e_s"] > 0 and report["sim_mean_e2e_s"] > 0
+
+
+def test_a_servers_cpu_binding_is_read_without_this_process_affinity():
+    """The client runs pinned to the other core than the server: the server's binding is counted,
+    not checked against the client's own CPUs (``--threads`` for the in-process engine still is)."""
+    from capture import CaptureError
+    from capture.backend_vllm import parse_cpu_list
+
+    elsewhere = str(max(os.sched_getaffinity(0)) + 1)
+    assert parse_cpu_list(elsewhere, local=False) == [int(elsewhere)]
+    with pytest.raises(CaptureError, match="CPUs must be among"):
+        parse_cpu_list(elsewhere)
