@@ -11,9 +11,10 @@ after prefill and during decode (TRAIL, LEAP with refresh) made in Python after 
 calls for them, and online learning (LEAP+RLS): the kernel buffers finished rows until a feedback
 batch is due, Python runs the predictor's feedback, and the CPU worker's publishes fire between
 compiled steps. Policies FCFS, countdown and TRAIL's limited preemption (locked rows first, by a
-scan of the residents); the roofline / fitted / unit profiles; chunked prefill and closed loop
-included (not a prefill-stage predictor in a closed loop); no step logs. Anything else (aging, the
-starvation policies) runs on the reference engine, and :func:`unsupported` says why. Without numba the compiled kernel is unavailable
+scan of the residents), SSJF's starvation override (a starving decision by arrival); the
+roofline / fitted / unit profiles; chunked prefill and closed loop included (not a prefill-stage
+predictor in a closed loop); no step logs. Anything else (aging, LTR's starvation rule) runs on
+the reference engine, and :func:`unsupported` says why. Without numba the compiled kernel is unavailable
 and every run uses the reference engine (the pure-numpy path).
 
 Events between steps (an estimate ready after its step ended, an online update's publish) keep
@@ -192,6 +193,10 @@ class CompiledRun:
             pred_mode=self.mode, ordered=bool(self.has_pred and sim.predictor.stage == "arrival"
                                               and sim.policy.uses_predictions),
             keys_on=keys_on, lock_after=float(form.lock_after) if form.lock_after is not None else -1.0,
+            starvation_override=form.starve_after_s is not None,
+            starve_after_s=float(form.starve_after_s) if form.starve_after_s is not None else 0.0,
+            starve_factor=float(form.starve_factor), exec_base_s=float(form.exec_base_s),
+            exec_per_token_s=float(form.exec_per_token_s),
             decode_slots=int(cfg.decode_slots), wait_cap=int(cfg.wait_cap),
             prefill_budget=int(cfg.prefill_token_budget), decodes_in_budget=bool(cfg.decodes_in_budget),
             kv_budget=-1 if cfg.kv_token_budget is None else int(cfg.kv_token_budget),

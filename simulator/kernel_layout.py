@@ -31,7 +31,9 @@ STATE = np.dtype([
     ("step", np.int64), ("finished", np.int64), ("arrived", np.int64),
     ("scored", np.int64),           # rows whose arrival-stage score the kernel has taken in
     ("py_scored", np.int64),        # rows Python has scored (PRED_PYTHON)
-    ("n_admitted", np.int64), ("n_res", np.int64), ("kv_used", np.int64),
+    ("n_admitted", np.int64),
+    ("admit_ptr", np.int64),        # rows below it are all admitted (kept under SSJF's override)
+    ("n_res", np.int64), ("kv_used", np.int64),
     ("heap", np.int64),             # waiting rows in the admission heap
     ("contended", np.int64), ("decodes", np.int64),
     ("partial", np.int64),          # row whose prompt is partly prefilled (-1: none)
@@ -111,6 +113,11 @@ class Settings(NamedTuple):
     ordered: bool            # admission by the arrival-stage score
     keys_on: int
     lock_after: float        # TRAIL's limited preemption (-1.0: none)
+    starvation_override: bool   # SSJF's: a starving decision goes by arrival (policies.ssjf_starvation)
+    starve_after_s: float
+    starve_factor: float
+    exec_base_s: float
+    exec_per_token_s: float
     decode_slots: int
     wait_cap: int
     prefill_budget: int

@@ -38,13 +38,25 @@ def _score_arrivals(t, w, s, st):
         st.scored = r + 1
 
 
-def _rank(t, w, s, step, candidates, n_cand, at, k, skip_starving):
+def _starving(t, s, now, j):
+    """SSJFStarvation.starving of a decision whose longest-waiting row is ``j`` (rows are in arrival
+    order, so it is the decision's first row)."""
+    wait = now - t.arrival[j]
+    p = t.predicted[j]
+    if 0.0 > p:   # Python's max(p, 0.0): a nan estimate stays nan
+        p = 0.0
+    exec_s = s.exec_base_s + s.exec_per_token_s * p
+    return wait > s.starve_after_s or wait > s.starve_factor * exec_s
+
+
+def _rank(t, w, s, st, candidates, n_cand, at, k, skip_starving):
     """policies.selection.rank: the first ``k`` of ``candidates[:n_cand]`` by the policy's decode
     keys, into ``chosen[at:at + k]``. Row order (FCFS); else TRAIL's locked rows first (row order)
     then the (key, row) order of every resident (``ord_rows``), skipping the starving (not among
-    the candidates) and the locked already in. True when the choice is that order's prefix."""
-    chosen = w.chosen
-    if s.keys_on == KEY_ROW:
+    the candidates) and the locked already in; SSJF's override, when its first row starves: row
+    (arrival) order. True when the choice is that order's prefix."""
+    chosen, step = w.chosen, st.step
+    if s.keys_on == KEY_ROW or (s.starvation_override and n_cand and _starving(t, s, st.now, candidates[0])):
         for j in range(k):
             chosen[at + j] = candidates[j]
         return False
@@ -104,10 +116,10 @@ def _choose_decodes(t, w, s, st, b):
         b.n_chosen, b.n_forced = slots, slots
     elif n_forced:
         k = min(slots - n_forced, n_other)
-        _rank(t, w, s, step, w.scratch, n_other, n_forced, k, True)
+        _rank(t, w, s, st, w.scratch, n_other, n_forced, k, True)
         b.n_chosen, b.n_forced = n_forced + k, n_forced
     else:
-        if _rank(t, w, s, step, w.resident, n_res, 0, slots, False):
+        if _rank(t, w, s, st, w.resident, n_res, 0, slots, False):
             b.ord_dirty = slots   # only the prefix's keys change this step
         b.n_chosen, b.n_forced = slots, 0
 
@@ -115,20 +127,29 @@ def _choose_decodes(t, w, s, st, b):
 def _admit(t, w, s, st, b):
     """Scheduler._admit: waiting rows in row order (or by score, from the heap) up to the prefill
     budget, resident room and KV budget; strict order, an over-long prompt alone (or, chunked, the
-    last one takes what budget is left as a first chunk). Into ``admit[:n_admit]``."""
+    last one takes what budget is left as a first chunk; SSJF's override: by arrival when the first
+    waiting row starves, those rows left in the heap until it pops them). Into ``admit[:n_admit]``."""
     budget, n_admit = b.budget, 0
     room = s.max_resident - st.n_res - (1 if st.partial >= 0 else 0)
     if budget > 0 and room > 0 and st.n_admitted < st.arrived:
-        tokens, nxt = 0, 0
+        tokens, by_row, nxt = 0, not s.ordered, st.n_admitted
+        if s.ordered and s.starvation_override:
+            while t.admitted[st.admit_ptr]:
+                st.admit_ptr += 1
+            by_row, nxt = _starving(t, s, st.now, st.admit_ptr), st.admit_ptr
         while n_admit < room:
-            if s.ordered:
+            if by_row:
+                while nxt < st.arrived and t.admitted[nxt]:
+                    nxt += 1
+                if nxt >= st.arrived:
+                    break
+                r = nxt
+            else:
+                while st.heap > 0 and t.admitted[w.heap_rows[0]]:   # admitted by arrival before
+                    st.heap = _heap_pop(w.heap_keys, w.heap_rows, st.heap)
                 if st.heap == 0:
                     break
                 r = w.heap_rows[0]
-            else:
-                r = st.n_admitted + nxt
-                if r >= st.arrived:
-                    break
             c = tokens + t.prompt[r]
             last = False
             if c > budget:
@@ -141,10 +162,10 @@ def _admit(t, w, s, st, b):
                     break
             if s.kv_budget >= 0 and c > s.kv_budget - st.kv_used and not (n_admit == 0 and st.n_res == 0):
                 break
-            if s.ordered:
-                st.heap = _heap_pop(w.heap_keys, w.heap_rows, st.heap)
+            if by_row:
+                nxt = r + 1
             else:
-                nxt += 1
+                st.heap = _heap_pop(w.heap_keys, w.heap_rows, st.heap)
             w.admit[n_admit] = r
             n_admit += 1
             tokens = c
@@ -388,5 +409,5 @@ def _python_due(t, w, s, st, b):
     return prefill or refresh or fb_due
 
 
-JITTED = ("_score_arrivals", "_rank", "_choose_decodes", "_admit", "_prefill", "_compose", "_note_decodes",
+JITTED = ("_score_arrivals", "_starving", "_rank", "_choose_decodes", "_admit", "_prefill", "_compose", "_note_decodes",
           "_finish", "_land", "_retire", "_reorder", "_python_due")
