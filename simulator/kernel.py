@@ -166,7 +166,9 @@ def load_kernel():
     change compiles. The cache used to crash on reload: ``_pairwise`` was recursive, which numba
     cannot reload (numba#6061); it walks a stack now. Compiled without numba's reference counts
     (``_nrt=False``; the kernel allocates nothing): each read of an array from the named tuples
-    would otherwise count a reference, which made the cut kernel 2x slower than the one-function one."""
+    would otherwise count a reference, which made the cut kernel 2x slower than the one-function one.
+    The step's parts (:mod:`simulator.kernel_steps`) are inlined into the loop (``inline="always"``):
+    called, each passes the named tuples' arrays as hundreds of scalar arguments (up to 1.2x slower)."""
     try:
         import numba
     except ImportError:
@@ -176,7 +178,9 @@ def load_kernel():
     saved, numba.config.CACHE_DIR = numba.config.CACHE_DIR, numba_cache_folder()   # read when jitted
     try:
         plain = {name: getattr(m, name) for m in modules for name in m.JITTED}
-        jitted = {name: jit(fn) for name, fn in plain.items()}
+        inline = numba.njit(nogil=True, cache=True, _nrt=False, inline="always")
+        steps = set(importlib.import_module("simulator.kernel_steps").JITTED) | set(JITTED)
+        jitted = {name: (inline if name in steps else jit)(fn) for name, fn in plain.items()}
         for m in modules:
             for name, fn in plain.items():
                 if vars(m).get(name) is fn:
