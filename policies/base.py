@@ -37,12 +37,19 @@ class CompiledForm:
     ``keys``: ``"row"`` (arrival order) or ``"remaining"`` (countdown's remaining length; a rank
     predictor's static score); ``lock_after``: TRAIL's limited preemption, a row past this share of its
     first estimate that held a slot in the previous step keeps it; ``rank_predictors``: whether a
-    rank-only predictor's scores may serve as keys under this form.
+    rank-only predictor's scores may serve as keys under this form; ``starve_after_s``: SSJF's
+    starvation override, a decision whose longest-waiting row (the first by arrival) has waited more
+    than this, or more than ``starve_factor`` x its predicted execution time (``exec_base_s`` +
+    ``exec_per_token_s`` x its estimate, floored at 0), orders its rows by arrival instead.
     """
 
     keys: Literal["row", "remaining"]
     lock_after: float | None = None
     rank_predictors: bool = True
+    starve_after_s: float | None = None
+    starve_factor: float = 0.0
+    exec_base_s: float = 0.0
+    exec_per_token_s: float = 0.0
 
 
 class Policy(ABC):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from policies.base import Policy, SchedulerView
+from policies.base import CompiledForm, Policy, SchedulerView
 from policies.countdown import remaining
 
 WAIT_THRESHOLD_S = 100.0
@@ -51,6 +51,10 @@ class SSJFStarvation(Policy):
         if self.starving(view, rows):
             return view.arrival_s[rows]
         return view.predicted[rows]
+
+    def compiled_form(self) -> CompiledForm:
+        return CompiledForm(keys="remaining", starve_after_s=self.threshold_s, starve_factor=self.coefficient,
+                            exec_base_s=EXEC_BASE_S, exec_per_token_s=EXEC_PER_TOKEN_S)
 
     def describe(self) -> dict:
         return {"name": self.name, "threshold_s": self.threshold_s, "coefficient": self.coefficient,

@@ -11,9 +11,10 @@ after prefill and during decode (TRAIL, LEAP with refresh) made in Python after 
 calls for them, and online learning (LEAP+RLS): the kernel buffers finished rows until a feedback
 batch is due, Python runs the predictor's feedback, and the CPU worker's publishes fire between
 compiled steps. Policies FCFS, countdown and TRAIL's limited preemption (locked rows first, by a
-scan of the residents); the roofline / fitted / unit profiles; chunked prefill and closed loop
-included (not a prefill-stage predictor in a closed loop); no step logs. Anything else (aging, the
-starvation policies) runs on the reference engine, and :func:`unsupported` says why. Without numba the compiled kernel is unavailable
+scan of the residents), SSJF's starvation override (a starving decision by arrival); the
+roofline / fitted / unit profiles; chunked prefill and closed loop included (not a prefill-stage
+predictor in a closed loop); no step logs. Anything else (aging, LTR's starvation rule) runs on
+the reference engine, and :func:`unsupported` says why. Without numba the compiled kernel is unavailable
 and every run uses the reference engine (the pure-numpy path).
 
 Events between steps (an estimate ready after its step ended, an online update's publish) keep
@@ -36,20 +37,14 @@ import sys
 import numpy as np
 
 from predictors.base import Known
-from simulator.kernel import (
+from simulator.kernel import load_kernel
+from simulator.kernel_estimates import C_CPU_PER_PREDICTION, C_CPU_SPENT, C_TAP_FRACTION, load_publishing_kernel
+from simulator.kernel_layout import (
     AFTER_STEP,
-    F_ABS_ERROR,
-    F_CHARGE,
-    F_DURATION,
-    F_GPU_S,
-    F_NEXT_EVENT,
-    F_NOW,
-    F_START,
+    BATCH,
     KEY_REMAINING,
     KEY_ROW,
     KEY_SCORE,
-    N_FLOAT_STATE,
-    N_INT_STATE,
     NEEDS_EVENT,
     NEEDS_SCORES,
     PRED_NONE,
@@ -60,34 +55,13 @@ from simulator.kernel import (
     PROFILE_ROOFLINE,
     PROFILE_UNIT,
     REKEY_RESORT,
-    S_AFTER_PREFILL,
-    S_ARRIVED,
-    S_CONTENDED,
-    S_DECODES,
-    S_DONE_LAST,
-    S_FB_BATCH,
-    S_FB_GROUPS,
-    S_FB_N,
-    S_FINISHED,
-    S_LRU_HEAD,
-    S_LRU_TAIL,
-    S_N_CHOSEN,
-    S_N_FIRST,
-    S_N_RES,
-    S_NEXT_YB,
-    S_PARTIAL,
-    S_PY_SCORED,
-    S_REFRESH_EVERY,
-    S_REKEY,
-    S_RELEASED,
-    S_STALL_READY,
-    S_STALL_WAITING,
-    S_STATUS,
-    S_STEP,
-    S_YIELDS,
-    load_kernel,
+    STATE,
+    Rows,
+    Settings,
+    Work,
+    new_record,
+    record,
 )
-from simulator.kernel_estimates import C_CPU_PER_PREDICTION, C_CPU_SPENT, C_TAP_FRACTION, load_publishing_kernel
 from simulator.prediction import refresh_due
 
 KERNELS = ("reference", "compiled")
@@ -165,11 +139,6 @@ class CompiledRun:
             self.mode, self.predicted = PRED_PYTHON, table.predicted
         else:   # predicted in Python once a prompt is prefilled (PredictionDriver._predict_after_prefill)
             self.mode, self.predicted = PRED_PREFILL, table.predicted
-        self.gc = np.zeros(4, dtype=np.float64)
-        if self.mode == PRED_PREFILL:
-            cost = driver.cost
-            self.gc[:] = (cost.gpu_s_per_call, cost.gpu_s_per_request, cost.gpu_s_per_prompt_token,
-                          1.0 if driver.charge_cost else 0.0)
         self.rekey = np.empty(max(n, REKEY_RESORT) + 1, dtype=np.int64)
         # SimPy events between steps (delayed estimates, online-update publishes), in SimPy's order:
         # (time, creation); each also keeps how many step-loop timeouts were created before it
@@ -177,66 +146,74 @@ class CompiledRun:
         self.events = 0
         self.worker_queue: list = []          # online updates waiting for the CPU worker
         self.worker_busy = False
-        self.fb_rows = np.empty(max(n, 1), dtype=np.int64)       # finished rows awaiting feedback
-        self.fb_ends = np.empty(max(n, 1), dtype=np.int64)       # ... grouped by the step they finished in
-        self.ordered = self.has_pred and sim.predictor.stage == "arrival" and sim.policy.uses_predictions
-        form = sim.policy.compiled_form()
-        self.lock_c = float(form.lock_after) if form.lock_after is not None else -1.0
-        self.keys_on = (KEY_ROW if form.keys == "row" else
-                        KEY_SCORE if sim.predictor.output == "rank" else KEY_REMAINING)
         self.cfg = cfg
-        self.kind, self.pi, self.pf = profile_coefficients(sim.profile)
         self.step_clock = sim.step_clock
-        slots = cfg.decode_slots
-        width = max(cfg.max_resident, slots) + 1
-        self.resident = np.empty(width, dtype=np.int64)
-        self.heap_keys = np.empty(max(n, 1), dtype=np.float64)
-        self.heap_rows = np.empty(max(n, 1), dtype=np.int64)
-        self.scratch = np.empty(width, dtype=np.int64)
-        self.chosen = np.empty(width, dtype=np.int64)
-        self.admit = np.empty(width, dtype=np.int64)
-        self.firsts = np.empty(width + 1, dtype=np.int64)
-        self.done_rows = np.empty(2 * width + 2, dtype=np.int64)   # the last step's finished rows
-        self.err = np.empty(width, dtype=np.float64)
-        self.ist = np.zeros(N_INT_STATE, dtype=np.int64)
-        self.ist[S_PARTIAL] = -1
-        self.ist[S_RELEASED] = table.released
-        self.ist[S_LRU_HEAD] = self.ist[S_LRU_TAIL] = -1
-        self.ord_rows = np.empty(width + 1, dtype=np.int64)     # residents in (key, row) order
-        self.ord_keys = np.empty(width + 1, dtype=np.float64)
-        self.lru_prev = np.empty(max(n, 1), dtype=np.int64)     # residents by last service (a linked list)
-        self.lru_next = np.empty(max(n, 1), dtype=np.int64)
-        self.fst = np.zeros(N_FLOAT_STATE, dtype=np.float64)
-        self.fst[F_NEXT_EVENT] = np.inf
-        if self.has_pred and type(sim.predictor).feedback is not Predictor.feedback:
-            self.ist[S_FB_BATCH] = sim.predictor.feedback_batch
+        self.fb_batch = sim.predictor.feedback_batch if (
+            self.has_pred and type(sim.predictor).feedback is not Predictor.feedback) else 0
         self.refresh_every = (sim.predictor.refresh_every or 0) if self.has_pred else 0
-        self.ist[S_REFRESH_EVERY] = self.refresh_every
-        self.ist[S_AFTER_PREFILL] = (self.mode == PRED_PYTHON
-                                     and type(sim.predictor).after_prefill is not Predictor.after_prefill)
-        self.kernel_args = self._kernel_args()   # the same arrays every call, written in place
+        self.after_prefill = (self.mode == PRED_PYTHON
+                              and type(sim.predictor).after_prefill is not Predictor.after_prefill)
+        self.rows = Rows(table.arrival, table.prompt, table.length, self.predicted, table.generated,
+                         table.last_served, table.forced_steps, table.admitted, table.admit_s, table.first_token_s,
+                         table.finish_s, table.admit_step, table.first_token_step, table.finish_step,
+                         table.first_predicted, table.ready_s, table.prefilled)
+        self.work = self._work_arrays(n)
+        self.settings = self._settings(sim)
+        self.state, self.batch = new_record(STATE), new_record(BATCH)   # what the kernel takes
+        self.st, self.last = record(self.state), record(self.batch)     # Python's named view of them
+        self.st.partial = -1
+        self.st.released = table.released
+        self.st.lru_head = self.st.lru_tail = -1
+        self.st.next_event = np.inf
+        self.kernel_args = (self.rows, self.work, self.settings, self.state, self.batch)
         self.publishing = self._fixed_estimates_publisher(sim)
         self.advance(0)   # compiles the kernel or loads it from the cache, before the run's clock starts
 
-    def _kernel_args(self) -> tuple:
-        t, cfg = self.table, self.cfg
-        return (
-            t.arrival, t.prompt, t.length, self.predicted, self.mode, self.ordered, self.keys_on,
-            cfg.decode_slots, cfg.wait_cap, cfg.prefill_token_budget, cfg.decodes_in_budget,
-            -1 if cfg.kv_token_budget is None else cfg.kv_token_budget, cfg.max_resident, cfg.chunked_prefill,
-            self.lock_c, self.kind, self.pi, self.pf, self.step_clock,
-            t.generated, t.last_served, t.forced_steps, t.admitted, t.admit_s, t.first_token_s, t.finish_s,
-            t.admit_step, t.first_token_step, t.finish_step,
-            t.first_predicted, t.ready_s, t.prefilled, self.resident, self.heap_keys, self.heap_rows, self.scratch,
-            self.chosen, self.admit, self.firsts, self.err,
-            self.ord_rows, self.ord_keys, self.lru_prev, self.lru_next, self.rekey, self.done_rows, self.fb_rows,
-            self.fb_ends, self.gc, self.ist, self.fst)
+    def _work_arrays(self, n: int) -> Work:
+        """The kernel's working arrays, sized once for the run (written in place every call)."""
+        width = max(self.cfg.max_resident, self.cfg.decode_slots) + 1
+        rows, wide = max(n, 1), np.empty(width, dtype=np.int64)
+        return Work(resident=wide, ord_rows=np.empty(width + 1, dtype=np.int64),
+                    ord_keys=np.empty(width + 1, dtype=np.float64),
+                    lru_prev=np.empty(rows, dtype=np.int64), lru_next=np.empty(rows, dtype=np.int64),
+                    heap_keys=np.empty(rows, dtype=np.float64), heap_rows=np.empty(rows, dtype=np.int64),
+                    chosen=np.empty(width, dtype=np.int64), admit=np.empty(width, dtype=np.int64),
+                    firsts=np.empty(width + 1, dtype=np.int64), done_rows=np.empty(2 * width + 2, dtype=np.int64),
+                    scratch=np.empty(width, dtype=np.int64), err=np.empty(width, dtype=np.float64),
+                    pair_stack=np.zeros((3, 64), dtype=np.int64), pair_sums=np.empty(64, dtype=np.float64),
+                    rekey=self.rekey, fb_rows=np.empty(rows, dtype=np.int64), fb_ends=np.empty(rows, dtype=np.int64))
+
+    def _settings(self, sim) -> Settings:
+        """The run's fixed settings as the kernel reads them (the policy's and profile's declared forms)."""
+        cfg, form = self.cfg, sim.policy.compiled_form()
+        keys_on = (KEY_ROW if form.keys == "row" else KEY_SCORE if sim.predictor.output == "rank" else KEY_REMAINING)
+        kind, ints, floats = profile_coefficients(sim.profile)
+        cost = self.driver.cost if self.mode == PRED_PREFILL else None
+        return Settings(
+            pred_mode=self.mode, ordered=bool(self.has_pred and sim.predictor.stage == "arrival"
+                                              and sim.policy.uses_predictions),
+            keys_on=keys_on, lock_after=float(form.lock_after) if form.lock_after is not None else -1.0,
+            starvation_override=form.starve_after_s is not None,
+            starve_after_s=float(form.starve_after_s) if form.starve_after_s is not None else 0.0,
+            starve_factor=float(form.starve_factor), exec_base_s=float(form.exec_base_s),
+            exec_per_token_s=float(form.exec_per_token_s),
+            decode_slots=int(cfg.decode_slots), wait_cap=int(cfg.wait_cap),
+            prefill_budget=int(cfg.prefill_token_budget), decodes_in_budget=bool(cfg.decodes_in_budget),
+            kv_budget=-1 if cfg.kv_token_budget is None else int(cfg.kv_token_budget),
+            max_resident=int(cfg.max_resident), chunked=bool(cfg.chunked_prefill), step_clock=bool(self.step_clock),
+            profile_kind=kind, profile_ints=ints, profile_floats=floats,
+            charge_prefill=bool(cost is not None and self.driver.charge_cost),
+            charge_per_call=float(cost.gpu_s_per_call) if cost is not None else 0.0,
+            charge_per_request=float(cost.gpu_s_per_request) if cost is not None else 0.0,
+            charge_per_prompt_token=float(cost.gpu_s_per_prompt_token) if cost is not None else 0.0,
+            feedback_batch=int(self.fb_batch), refresh_every=int(self.refresh_every),
+            after_prefill=bool(self.after_prefill))
 
     def _fixed_estimates_publisher(self, sim) -> tuple | None:
         """(estimates, cost) for :mod:`simulator.kernel_estimates` when a prefill-stage predictor's
         estimates are fixed per row and it neither refreshes nor learns; else None."""
         fixed = self.predictor.fixed_estimates() if self.mode == PRED_PREFILL else None
-        if fixed is None or self.refresh_every or self.ist[S_FB_BATCH]:
+        if fixed is None or self.refresh_every or self.fb_batch:
             return None
         cost = np.zeros(3, dtype=np.float64)
         cost[C_CPU_PER_PREDICTION] = self.driver.cost.cpu_s_per_prediction if self.driver.charge_cost else 0.0
@@ -248,45 +225,43 @@ class CompiledRun:
         if self.publishing is None:
             return int(load_kernel()(max_steps, *self.kernel_args))
         estimates, cost = self.publishing
-        t = self.table
         cost[C_CPU_SPENT] = self.driver.cpu_s
-        done = load_publishing_kernel()(max_steps, estimates, cost, self.predicted, t.first_predicted, t.ready_s,
-                                        self.firsts, self.rekey, self.ist, self.fst, *self.kernel_args)
+        done = load_publishing_kernel()(max_steps, estimates, cost, *self.kernel_args)
         self.driver.cpu_s = float(cost[C_CPU_SPENT])
         return int(done)
 
     @property
     def now(self) -> float:
-        return float(self.fst[F_NOW])
+        return float(self.st.now)
 
     @property
     def finished(self) -> int:
-        return int(self.ist[S_FINISHED])
+        return int(self.st.finished)
 
     @property
     def steps(self) -> int:
-        return int(self.ist[S_STEP])
+        return int(self.st.step)
 
     @property
     def contended(self) -> int:
-        return int(self.ist[S_CONTENDED])
+        return int(self.st.contended)
 
     @property
     def mae_in_use(self) -> float | None:
-        decodes = int(self.ist[S_DECODES])
-        return float(self.fst[F_ABS_ERROR]) / decodes if self.track_error and decodes else None
+        decodes = int(self.st.decodes)
+        return float(self.st.abs_error) / decodes if self.track_error and decodes else None
 
     def score_arrivals(self) -> None:
         """PredictionDriver.score_arrivals at the kernel's clock: rows that arrived since the last
         step are scored with what the system knows now; the GPU pays in the next step."""
         t, d = self.table, self.driver
-        arrived, now = int(self.ist[S_ARRIVED]), self.now
-        rows = np.arange(int(self.ist[S_PY_SCORED]), arrived)
+        arrived, now = int(self.st.arrived), self.now
+        rows = np.arange(int(self.st.py_scored), arrived)
         t.finished = self.finished
         t.set_predictions(rows, self.predictor.predict(rows, Known(arrived=arrived, finished=t.finished)), now)
-        if d.charge_cost:   # the GPU debt the next step pays (kernel: F_CHARGE, then F_GPU_S)
-            self.fst[F_CHARGE] += d.cost.gpu_s(len(rows), int(t.prompt[rows].sum()))
-        self.ist[S_PY_SCORED] = arrived
+        if d.charge_cost:   # the GPU debt the next step pays (kernel: STATE.charge, then STATE.gpu_s)
+            self.st.charge += d.cost.gpu_s(len(rows), int(t.prompt[rows].sum()))
+        self.st.py_scored = arrived
 
     def _publish(self, rows: np.ndarray, at: float, finished: int) -> None:
         """Estimates for ``rows`` usable from ``at`` (the predictor sees what the system knows then);
@@ -298,12 +273,12 @@ class CompiledRun:
 
     def _set_estimates(self, rows: np.ndarray, values: np.ndarray, at: float) -> None:
         self.table.set_predictions(rows, values, at)
-        k = int(self.ist[S_REKEY])
+        k = int(self.st.n_rekey)
         if k + len(rows) > len(self.rekey):   # more than the list holds: the kernel re-sorts them all
-            self.ist[S_REKEY] = len(self.rekey)
+            self.st.n_rekey = len(self.rekey)
             return
         self.rekey[k:k + len(rows)] = rows
-        self.ist[S_REKEY] = k + len(rows)
+        self.st.n_rekey = k + len(rows)
 
     def _schedule(self, at: float, yields_before: int, what) -> None:
         heapq.heappush(self.pending, (at, self.events, yields_before, what))
@@ -312,40 +287,40 @@ class CompiledRun:
 
     def _next_event(self) -> None:
         at, _, yields_before, _ = self.pending[0] if self.pending else (np.inf, 0, 0, None)
-        self.fst[F_NEXT_EVENT], self.ist[S_NEXT_YB] = at, yields_before
+        self.st.next_event, self.st.next_yields_before = at, yields_before
 
     def predict_after_prefill(self) -> None:
         """PredictionDriver._predict_after_prefill for the step the kernel just ran."""
         d = self.driver
-        rows = self.firsts[:int(self.ist[S_N_FIRST])].copy()
-        start, duration = float(self.fst[F_START]), float(self.fst[F_DURATION])
+        rows = self.work.firsts[:int(self.last.n_first)].copy()
+        start, duration = float(self.last.start), float(self.last.duration)
         cpu = (d.cost.cpu_s_per_prediction if d.charge_cost else 0.0) * len(rows)   # one core, in turn
         d.cpu_s += cpu
         ready = start + d.cost.tap_fraction * duration + cpu
         end = start + duration
         if ready <= end:
-            self._publish(rows, end, self.finished - int(self.ist[S_DONE_LAST]))
+            self._publish(rows, end, self.finished - int(self.last.n_done))
             return
         # a SimPy timeout created before the step loop's next one
-        self._schedule(end + (ready - end), int(self.ist[S_YIELDS]), rows)
+        self._schedule(end + (ready - end), int(self.st.yields), rows)
 
     def feed_back(self) -> None:
         """PredictionDriver.feedback for each step whose finished rows the kernel buffered (in step
         order); an update goes to the CPU worker at the end of the step that returned it."""
-        ends = self.fb_ends[:int(self.ist[S_FB_GROUPS])].tolist()
+        ends = self.work.fb_ends[:int(self.st.fb_groups)].tolist()
         lo = 0
         for hi in ends:
-            done = self.fb_rows[lo:hi].copy()
+            done = self.work.fb_rows[lo:hi].copy()
             lo = hi
             update = self.predictor.feedback(done, self.table.length[done])
             if update is not None and self.step_clock:   # PredictionDriver.publish_at_once
-                self._publish_update(update, self.now, self.finished, self.resident[:int(self.ist[S_N_RES])])
+                self._publish_update(update, self.now, self.finished, self.work.resident[:int(self.st.n_res)])
             elif update is not None:
                 self.worker_queue.append(update)
-        self.ist[S_FB_N] = self.ist[S_FB_GROUPS] = 0
+        self.st.fb_n = self.st.fb_groups = 0
         if self.worker_queue and not self.worker_busy:
             # the worker's get fires after the step loop's next timeout (it waits on the update store)
-            self._start_update(self.now, int(self.ist[S_YIELDS]) + 1)
+            self._start_update(self.now, int(self.st.yields) + 1)
 
     def _start_update(self, at: float, yields_before: int) -> None:
         """PredictionDriver._cpu_worker takes the next update: CPU time, then the publish."""
@@ -359,19 +334,19 @@ class CompiledRun:
     def _fire(self, at: float, what, before_landing: bool) -> None:
         """One event at ``at``; ``before_landing``: it fired while the kernel's last step was running
         (the kernel has landed it since), so the predictor sees the system as it was then."""
-        done_last = int(self.ist[S_DONE_LAST]) if before_landing else 0
+        done_last = int(self.last.n_done) if before_landing else 0
         finished = self.finished - done_last
         if isinstance(what, np.ndarray):   # a delayed estimate
             self._publish(what, at, finished)
             return
-        resident = self.resident[:int(self.ist[S_N_RES])]
-        if done_last or (before_landing and self.ist[S_N_FIRST]):   # the residents before that step landed
-            firsts = self.firsts[:int(self.ist[S_N_FIRST])]
-            resident = np.setdiff1d(np.union1d(resident, self.done_rows[:done_last]), firsts)
+        resident = self.work.resident[:int(self.st.n_res)]
+        if done_last or (before_landing and self.last.n_first):   # the residents before that step landed
+            firsts = self.work.firsts[:int(self.last.n_first)]
+            resident = np.setdiff1d(np.union1d(resident, self.work.done_rows[:done_last]), firsts)
         self._publish_update(what, at, finished, resident)
         self.worker_busy = False
         if self.worker_queue:   # the worker's next get fires after any step-loop timeout created by now
-            yields = int(self.ist[S_YIELDS])
+            yields = int(self.st.yields)
             self._start_update(at, yields + (1 if at == self.now else 0))
 
     def _publish_update(self, update, at: float, finished: int, resident: np.ndarray) -> None:
@@ -384,7 +359,7 @@ class CompiledRun:
 
     def fire_due(self) -> None:
         """Events that fired before the step loop resumed at the kernel's clock, in SimPy's order."""
-        now, yields = self.now, int(self.ist[S_YIELDS])
+        now, yields = self.now, int(self.st.yields)
         while self.pending and (self.pending[0][0] < now or (self.pending[0][0] == now
                                                               and self.pending[0][2] < yields)):
             at, _, _, what = heapq.heappop(self.pending)
@@ -394,34 +369,34 @@ class CompiledRun:
     def observe_prefill(self) -> None:
         """An arrival-stage predictor's estimates from the prefill just done (TRAIL's probe); the GPU
         pays a refresh per row in the next step (PredictionDriver.after_step)."""
-        d, first = self.driver, self.firsts[:int(self.ist[S_N_FIRST])].copy()
+        d, first = self.driver, self.work.firsts[:int(self.last.n_first)].copy()
         observed = self.predictor.after_prefill(first)
         if observed is not None:
             self._set_estimates(first, observed, self.now)
             if d.charge_cost:
-                self.fst[F_CHARGE] += d.cost.gpu_s_per_refresh * len(first)
+                self.st.charge += d.cost.gpu_s_per_refresh * len(first)
 
     def refresh(self) -> None:
         """Decode-time re-estimates of the rows just decoded to a multiple of ``refresh_every``
         tokens and not finished (PredictionDriver.after_step)."""
         d, t = self.driver, self.table
-        due = refresh_due(t, self.chosen[:int(self.ist[S_N_CHOSEN])], self.refresh_every)
+        due = refresh_due(t, self.work.chosen[:int(self.last.n_chosen)], self.refresh_every)
         if len(due):
             self._set_estimates(due, self.predictor.refresh(due, t.generated[due]), self.now)
             if d.charge_cost:
-                self.fst[F_CHARGE] += d.cost.gpu_s_per_refresh * len(due)
+                self.st.charge += d.cost.gpu_s_per_refresh * len(due)
 
     def after_step(self) -> None:
         """Python's part of the step the kernel just landed, in the reference's order: events that
         fired while it ran, estimates from its prefill, feedback from its finished rows."""
         self.fire_due()
-        if self.mode == PRED_PREFILL and self.ist[S_N_FIRST]:
+        if self.mode == PRED_PREFILL and self.last.n_first:
             self.predict_after_prefill()
-        elif self.ist[S_AFTER_PREFILL] and self.ist[S_N_FIRST]:
+        elif self.after_prefill and self.last.n_first:
             self.observe_prefill()
         if self.refresh_every:
             self.refresh()
-        if self.ist[S_FB_BATCH] and self.ist[S_FB_N] >= self.ist[S_FB_BATCH]:
+        if self.fb_batch and self.st.fb_n >= self.fb_batch:
             self.feed_back()
 
     def step_process(self, env, progress=None):
@@ -431,7 +406,7 @@ class CompiledRun:
         n = self.table.n
         while self.finished < n:
             self.advance(CHUNK_STEPS)
-            status = self.ist[S_STATUS]
+            status = self.st.status
             if status == NEEDS_SCORES:
                 yield env.timeout(max(self.now - env.now, 0.0))
                 self.score_arrivals()
@@ -443,23 +418,23 @@ class CompiledRun:
                 yield env.timeout(max(self.now - env.now, 0.0))
                 self.fire_due()
                 continue
-            if self.ist[S_STATUS] and self.ist[S_STALL_READY] < 0:   # kernel: a carried chunk computed nothing
-                row, before = -1 - int(self.ist[S_STALL_READY]), int(self.ist[S_STALL_WAITING])
+            if self.st.status and self.st.stall_ready < 0:   # kernel: a carried chunk computed nothing
+                row, before = -1 - int(self.st.stall_ready), int(self.st.stall_waiting)
                 raise SimulationStalled(
                     f"step {self.steps} at t={self.now:.6g} s made no progress: the part-prefilled prompt of row "
                     f"{row} stayed at {before} of {int(self.table.prompt[row])} tokens, nothing admitted or decoded")
-            if self.ist[S_STATUS]:
+            if self.st.status:
                 raise SimulationStalled(
                     f"step {self.steps} at t={self.now:.6g} s admitted and decoded nothing with "
-                    f"{int(self.ist[S_STALL_READY])} resident and {int(self.ist[S_STALL_WAITING])} waiting requests "
+                    f"{int(self.st.stall_ready)} resident and {int(self.st.stall_waiting)} waiting requests "
                     f"(decode_slots={self.cfg.decode_slots}, max_resident={self.cfg.max_resident})")
             yield env.timeout(max(self.now - env.now, 0.0))
             if progress is not None:
                 progress(self.finished, n)
         if self.has_pred:
-            self.driver.gpu_s = float(self.fst[F_GPU_S])
+            self.driver.gpu_s = float(self.st.gpu_s)
         self.fire_due()            # those that fired within the last step
-        if self.ist[S_FB_GROUPS]:
+        if self.st.fb_groups:
             self.feed_back()       # the last steps' finished rows (fewer than a feedback batch)
         while self.pending:        # SimPy runs the rest after the last step (the worker's queue included)
             at, _, _, what = heapq.heappop(self.pending)

@@ -18,17 +18,8 @@ import functools
 import math
 from typing import Any
 
-from simulator.kernel import (
-    AFTER_STEP,
-    DONE_OR_CHUNK,
-    F_DURATION,
-    F_NEXT_EVENT,
-    F_START,
-    S_N_FIRST,
-    S_REKEY,
-    S_STATUS,
-    load_kernel,
-)
+from simulator.kernel import load_kernel
+from simulator.kernel_layout import AFTER_STEP, DONE_OR_CHUNK
 
 # float settings of the publish (the `cost` array): CPU seconds per prediction (0 without costs),
 # the share of a prefill step done when the tapped layer is reached, and the predictor's CPU seconds
@@ -36,45 +27,44 @@ from simulator.kernel import (
 C_CPU_PER_PREDICTION, C_TAP_FRACTION, C_CPU_SPENT = range(3)
 
 
-def _publish_fixed(estimates, cost, predicted, first_predicted, ready_s, firsts, rekey, ist, fst):
+def _publish_fixed(estimates, cost, t, w, st, b):
     """CompiledRun.predict_after_prefill for the step just landed, when its estimates are ready by
     the step's end; returns False (nothing touched) when they are not, or an event is pending."""
-    n_first = ist[S_N_FIRST]
-    start, duration = fst[F_START], fst[F_DURATION]
+    n_first = b.n_first
+    start, duration = b.start, b.duration
     cpu = cost[C_CPU_PER_PREDICTION] * n_first
     ready = start + cost[C_TAP_FRACTION] * duration + cpu
     end = start + duration
-    if fst[F_NEXT_EVENT] != math.inf or not ready <= end:   # an event is pending, or the estimate is late
+    if st.next_event != math.inf or not ready <= end:   # an event is pending, or the estimate is late
         return False
     cost[C_CPU_SPENT] += cpu
     for j in range(n_first):      # RequestTable.set_predictions(rows, estimates[rows], end)
-        r = firsts[j]
-        predicted[r] = estimates[r]
-        if first_predicted[r] != first_predicted[r]:
-            first_predicted[r] = predicted[r]
-            ready_s[r] = end
-    k = ist[S_REKEY]              # CompiledRun._set_estimates: the kernel moves them in its order
-    if k + n_first > rekey.shape[0]:
-        ist[S_REKEY] = rekey.shape[0]
+        r = w.firsts[j]
+        t.predicted[r] = estimates[r]
+        if t.first_predicted[r] != t.first_predicted[r]:
+            t.first_predicted[r] = t.predicted[r]
+            t.ready_s[r] = end
+    k = st.n_rekey                # CompiledRun._set_estimates: the kernel moves them in its order
+    if k + n_first > w.rekey.shape[0]:
+        st.n_rekey = w.rekey.shape[0]
     else:
         for j in range(n_first):
-            rekey[k + j] = firsts[j]
-        ist[S_REKEY] = k + n_first
+            w.rekey[k + j] = w.firsts[j]
+        st.n_rekey = k + n_first
     return True
 
 
-def _run_publishing_fixed(max_steps, estimates, cost, predicted, first_predicted, ready_s, firsts, rekey, ist,
-                          fst, *kernel_args):
+def _run_publishing_fixed(max_steps, estimates, cost, t, w, s, state, batch):
     """Up to ``max_steps`` kernel steps; after a prefilling step its fixed estimates are published
     here unless Python must (then the kernel's AFTER_STEP status is returned)."""
     done = 0
+    st = state[0]
     while True:
-        done += _kernel(max_steps - done, *kernel_args)
-        if ist[S_STATUS] != AFTER_STEP or not _publish_fixed(estimates, cost, predicted, first_predicted,
-                                                              ready_s, firsts, rekey, ist, fst):
+        done += _kernel(max_steps - done, t, w, s, state, batch)
+        if st.status != AFTER_STEP or not _publish_fixed(estimates, cost, t, w, st, batch[0]):
             return done
         if done >= max_steps:
-            ist[S_STATUS] = DONE_OR_CHUNK
+            st.status = DONE_OR_CHUNK
             return done
 
 
@@ -91,5 +81,6 @@ def load_publishing_kernel():
     import numba
 
     _kernel = kernel
-    _publish_fixed = numba.njit(nogil=True)(_publish_fixed)
-    return numba.njit(nogil=True)(_run_publishing_fixed)
+    bare = numba.njit(nogil=True, _nrt=False)   # as the kernel: no reference counts (it allocates nothing)
+    _publish_fixed = bare(_publish_fixed)
+    return bare(_run_publishing_fixed)

@@ -481,13 +481,14 @@ def test_float_helpers_replicate_python_and_numpy():
     """The kernel's hypot is CPython's math.hypot and its sum numpy's pairwise sum, bit for bit."""
     import math
 
-    from simulator import kernel
+    from simulator import kernel, kernel_float
 
     kernel.load_kernel()   # the jitted helpers
     rng = np.random.default_rng(7)
     a = rng.uniform(0, 1, 20000) * 10.0 ** rng.integers(-8, 3, 20000)
     b = rng.uniform(0, 1, 20000) * 10.0 ** rng.integers(-8, 3, 20000)
-    assert all(kernel._py_hypot(x, y) == math.hypot(x, y) for x, y in zip(a, b))
+    assert all(kernel_float._py_hypot(x, y) == math.hypot(x, y) for x, y in zip(a, b))
+    stack, sums = np.zeros((3, 64), dtype=np.int64), np.empty(64, dtype=np.float64)
     for n in [*range(1, 300), 1000, 4099]:
         v = np.abs(rng.normal(0, 100, n))
-        assert kernel._pairwise(v, 0, n) == float(v.sum())
+        assert kernel_float._pairwise(v, 0, n, stack, sums) == float(v.sum())

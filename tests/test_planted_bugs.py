@@ -222,8 +222,9 @@ def test_a_step_that_leaves_a_carried_prompt_where_it_was_is_a_stall(monkeypatch
 
 
 def test_kernel_decode_key_floors_fractional_remaining_lengths():
-    """kernel._key: predicted - generated, floored at 0.5 (policies.countdown.remaining)."""
-    from simulator.kernel import KEY_REMAINING, KEY_SCORE, _key
+    """kernel_order._key: predicted - generated, floored at 0.5 (policies.countdown.remaining)."""
+    from simulator.kernel_layout import KEY_REMAINING, KEY_SCORE
+    from simulator.kernel_order import _key
 
     predicted = np.array([3.7, 2.2, 10.25, 4.0, 1.5])
     generated = np.array([3, 2, 2, 4, 1])
@@ -233,9 +234,9 @@ def test_kernel_decode_key_floors_fractional_remaining_lengths():
 
 
 def test_kernel_trail_lock_boundary():
-    """kernel._locked: decoded in the previous step and generated strictly past c x its first
+    """kernel_order._locked: decoded in the previous step and generated strictly past c x its first
     estimate (policies.trail_preemption.TrailPreemption.locked)."""
-    from simulator.kernel import _locked
+    from simulator.kernel_order import _locked
 
     first = np.array([10.0, 10.0, 10.0, 10.0, 7.5])
     generated = np.array([8, 9, 9, 20, 6])
