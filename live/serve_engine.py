@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import time
 from typing import Any
 
 import numpy as np
@@ -14,7 +13,15 @@ from capture import CaptureError
 from capture.record import host_description
 from live import stepclock
 from live.serve_capacity import write_capacity
-from live.serve_records import first_estimates, read_sched_parts, scheduler_stats, serve_table, write_sched_part
+from live.serve_records import (
+    check_written,
+    discard_if_nothing_finished,
+    first_estimates,
+    read_sched_parts,
+    scheduler_stats,
+    serve_table,
+    write_sched_part,
+)
 from live.serve_workload import ServeRequest, check_kv
 
 SERVE_TIMING = ("open loop: each request is submitted at the first engine-step boundary after its "
@@ -149,7 +156,7 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
             return 0
     fresh = not store.exists()
     store.open(run_config, resume=args.resume)
-    try:
+    with discard_if_nothing_finished(store, fresh):
         done = store.done_ids("gen")
         steps_clock = serving["clock"] == "steps"   # arrival steps, never shifted (no resume)
         todo = [(planned[i].item(), r) for i, r in enumerate(reqs) if r.request_id not in done]
@@ -212,17 +219,7 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
         meta = trace_meta(args, run_config, reqs, serving, src, cfg, model_dir, template, tsha, sampling, dtype,
                           max_model_len, steps_clock)
         finalize(store, reqs, meta, info, hidden=cfg["hidden_size"], log=log)
-    except BaseException:
-        if fresh and store.dir.is_dir() and not store.done_ids("gen"):
-            store.discard()
-        raise
-    from core.trace import TraceError, load_trace
-    try:
-        load_trace(out)
-    except TraceError as e:  # a bug, not bad input: the writer broke the contract
-        raise RuntimeError(f"the serving trace does not validate: {e}") from None
-    log(f"wrote {out} ({len(reqs)} requests) in {time.time() - t_start:.0f}s")
-    return 0
+    return check_written(out, len(reqs), t_start, log)
 
 
 def probe_summary(args, steps, quiet_probe) -> dict:

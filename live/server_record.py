@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import datetime as _dt
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import numpy as np
 
 from capture import CaptureError
 from capture.record import host_description
+from live.serve_records import check_written, discard_if_nothing_finished
 
 
 def engine_desc(args, w, settings: dict) -> dict:
@@ -68,25 +68,14 @@ def record_run(args, w, settings: dict, served_model: str, log) -> int:
             return 0
     fresh = not store.exists()
     store.open(run_config, resume=args.resume)
-    try:
+    with discard_if_nothing_finished(store, fresh):
         stats = _serve_segment(args, w, store, served_model, log)
         meta = trace_meta(args, w, settings, store, run_config, stats)
         from capture.finalize import finalize
 
         finalize(store, w.reqs, meta, {"backend": "vllm-server", "backend_version": settings["vllm"],
                                        "eager": settings["enforce_eager"]}, hidden=w.cfg["hidden_size"], log=log)
-    except BaseException:
-        if fresh and store.dir.is_dir() and not store.done_ids("gen"):
-            store.discard()
-        raise
-    from core.trace import TraceError, load_trace
-
-    try:
-        load_trace(out)
-    except TraceError as e:  # a bug, not bad input: the writer broke the contract
-        raise RuntimeError(f"the serving trace does not validate: {e}") from None
-    log(f"wrote {out} ({len(w.reqs)} requests) in {time.time() - w.t_start:.0f}s")
-    return 0
+    return check_written(out, len(w.reqs), w.t_start, log)
 
 
 def _serve_segment(args, w, store, served_model: str, log) -> dict:
