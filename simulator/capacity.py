@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from core.io import atomic_write_json, cache_dir
+from core.capacity_cache import cache_key, cache_path, read_entry, write_entry
 from core.trace import Trace
 from policies.fcfs import FCFS
 from simulator.engine import Simulation
@@ -22,6 +21,8 @@ CAPACITY_DEFINITION = ("steady-state saturated FCFS: a seeded shuffle of the wor
 #: window (after one resident generation of warm-up, before the drain) spans several generations.
 CAPACITY_STREAM_PER_RESIDENT = 8
 CAPACITY_STREAM_SEED = 0
+#: The simulator's capacity cache file (``core.capacity_cache``).
+CAPACITY_FILE = "capacity.json"
 
 
 #: The engine's modules: a cached capacity is stale once one of them changes.
@@ -64,46 +65,10 @@ def saturated_throughput(admit_s: np.ndarray, finish_s: np.ndarray, warmup: int)
     return len(finish) / float(finish[-1])
 
 
-def _read_capacity_cache(path: Path, quiet: bool = False) -> dict:
-    """The capacity cache as a dict; an unreadable or malformed file is named on stderr and
-    replaced (its entries are recomputed), never a traceback."""
-    import sys
-
-    if not path.exists():
-        return {}
-    try:
-        table = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        if not quiet:
-            print(f"warning: capacity cache {path} is unreadable ({exc}); recomputing", file=sys.stderr)
-        return {}
-    if not isinstance(table, dict):
-        if not quiet:
-            print(f"warning: capacity cache {path} is not a JSON object; recomputing", file=sys.stderr)
-        return {}
-    return table
-
-
-def _cached_capacity(table: dict, key: str, path: Path) -> float | None:
-    """A valid cached capacity (a finite positive number), else None; a bad entry is named."""
-    import sys
-
-    if key not in table:
-        return None
-    entry = table[key]
-    value = entry.get("capacity_req_s") if isinstance(entry, dict) else None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value > 0:
-        return float(value)
-    print(f"warning: capacity cache {path}: entry {key} is invalid ({entry!r:.80}); recomputing", file=sys.stderr)
-    return None
-
-
 def capacity_key(workload: Trace, profile_desc: dict, config_desc: dict) -> str:
     stream = len(capacity_stream(workload, int(config_desc.get("max_resident", 1))))
-    blob = json.dumps({"trace": workload.content_hash, "n": len(workload), "stream": stream, "profile": profile_desc,
-                       "engine": config_desc, "definition": CAPACITY_DEFINITION, "code": _code_version()},
-                      sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+    return cache_key({"trace": workload.content_hash, "n": len(workload), "stream": stream, "profile": profile_desc,
+                      "engine": config_desc, "definition": CAPACITY_DEFINITION, "code": _code_version()})
 
 
 def measure_capacity(workload: Trace, profile, config, kernel: str = "reference") -> float:
@@ -112,10 +77,10 @@ def measure_capacity(workload: Trace, profile, config, kernel: str = "reference"
     workload, so that it does not depend on the trace's size or its longest request. ``kernel``:
     the engine implementation that measures it (the compiled one gives the same bytes)."""
     key = capacity_key(workload, profile.describe(), asdict(config))
-    path = cache_dir() / "capacity.json"
-    cached = _cached_capacity(_read_capacity_cache(path), key, path)
+    path = cache_path(CAPACITY_FILE)
+    cached = read_entry(path, key)
     if cached is not None:
-        return cached
+        return float(cached["capacity_req_s"])
     rows = capacity_stream(workload, config.max_resident)
     stream = workload.take(rows)
     # queued at once, in stream order: arrival offsets far below one step keep that order
@@ -123,9 +88,7 @@ def measure_capacity(workload: Trace, profile, config, kernel: str = "reference"
     result = Simulation(stream, arrival, policy=FCFS(), predictor=None, profile=profile, config=config,
                         kernel=kernel).run()
     capacity = float(saturated_throughput(result.admit_s, result.finish_s, config.max_resident))
-    table = _read_capacity_cache(path, quiet=True)   # again: another process may have added entries
-    table[key] = {"capacity_req_s": capacity, "trace": workload.name, "requests": len(workload),
-                  "stream_requests": len(rows), "engine": profile.describe().get("name"),
-                  "definition": CAPACITY_DEFINITION}
-    atomic_write_json(path, table)
+    write_entry(path, key, {"capacity_req_s": capacity, "trace": workload.name, "requests": len(workload),
+                            "stream_requests": len(rows), "engine": profile.describe().get("name"),
+                            "definition": CAPACITY_DEFINITION})
     return capacity

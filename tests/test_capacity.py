@@ -102,3 +102,21 @@ def test_a_tiled_run_gets_its_traces_capacity_measured_once(monkeypatch):
     assert measured == [n, n, n]
     cut = prepare(RunConfig(trace=TRACE, tile=n // 2, load=1.0)).capacity_req_s
     assert measured[-1] == n // 2 and cut != base
+
+
+def test_live_capacity_cache_is_the_same_cache(tmp_path, monkeypatch, capsys):
+    """leap-serve's live capacities go through core.capacity_cache too: a bad entry is named on
+    stderr and ignored, a write keeps the other entries, a good entry reads back."""
+    from live.serve_capacity import CAPACITY_FILE, read_capacity, write_capacity
+
+    monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path))
+    path = tmp_path / CAPACITY_FILE
+    path.write_text(json.dumps({"k": {"capacity_req_s": "fast"}, "other": {"capacity_req_s": 0.5}}))
+    assert read_capacity("k") is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(path) in err and "entry k is invalid" in err
+    write_capacity("k", {"capacity_req_s": 0.25, "window_s": 10.0})
+    assert read_capacity("k") == {"capacity_req_s": 0.25, "window_s": 10.0}
+    assert read_capacity("other") == {"capacity_req_s": 0.5}
+    with pytest.raises(ValueError, match="finite positive"):
+        write_capacity("k", {"capacity_req_s": float("nan")})
