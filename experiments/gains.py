@@ -27,11 +27,12 @@ from typing import cast
 
 import numpy as np
 
+from core.calibration_files import CALIBRATION_SUFFIX
 from core.trace import Trace
 from experiments.serving_replay import serving_workload
 from experiments.serving_runs import is_fcfs_run, serving_load, serving_workload_key
 from experiments.validate_serving import measured, validate_serving
-from simulator.profiles.calibration import CALIBRATION_SUFFIX, Calibration, load_calibration
+from simulator.profiles.calibration import Calibration, load_calibration
 from simulator.serving import source_trace
 
 BOOTSTRAP_SAMPLES = 2000
@@ -200,8 +201,8 @@ def gains_section(summaries: list[dict]) -> str:
 
 def load_profile_source(spec: str):
     """``--profile-from``: a calibration (``*.calibration.json``/``.parquet``) or a trace."""
+    from core.calibration_files import is_calibration_path
     from core.trace import load_trace
-    from simulator.profiles.calibration import is_calibration_path
 
     return load_calibration(spec) if is_calibration_path(spec) else load_trace(Path(spec) if Path(spec).exists()
                                                                                else spec)

@@ -34,14 +34,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from capture import CaptureError
-from core.errors import OneLineParser, run_command
-from simulator.profiles.calibration import (
+from core.calibration_files import (
     CALIBRATION_SUFFIX,
     calibration_paths,
-    load_calibration,
+    read_calibration,
     speed_vs_calibration,
     write_calibration,
 )
+from core.errors import OneLineParser, run_command
 
 #: Calibration output format version (``NAME.calibration.json`` ``schema_version``).
 SCHEMA_VERSION = 1
@@ -215,10 +215,10 @@ def calibrate_main(argv) -> int:
         raise CaptureError("--probe-every must be >= 0")
     if args.run and not args.check:
         raise CaptureError("--run names the serving run of a --check")
-    reference = None
+    reference = None   # (name, metadata path, steps, metadata) of the calibration a check runs against
     if args.check:
         try:
-            reference = load_calibration(args.check)
+            reference = read_calibration(args.check)
         except (OSError, ValueError) as e:
             raise CaptureError(f"--check {args.check}: {e}") from None
     steps_path, meta_path = calibration_paths(args.out)
@@ -233,11 +233,12 @@ def calibrate_main(argv) -> int:
     args.model = str(model_dir)
     settings = _engine_settings(args, model_dir)
     if reference is not None:
+        ref_engine = reference[3].get("engine", {})
         differ = [k for k in ("model_revision", "dtype", "max_resident", "max_num_batched_tokens", "threads")
-                  if reference.metadata.get("engine", {}).get(k) != settings[k]]
+                  if ref_engine.get(k) != settings[k]]
         if differ:
             raise CaptureError(f"--check {args.check}: calibrated with another {differ[0]} "
-                               f"({reference.metadata['engine'].get(differ[0])!r}, here {settings[differ[0]]!r})")
+                               f"({ref_engine.get(differ[0])!r}, here {settings[differ[0]]!r})")
     cells = check_grid(args.max_resident) if reference is not None else full_grid(args.max_resident)
     vocab = int(read_config(model_dir)["vocab_size"])
     t0 = time.time()
@@ -267,15 +268,16 @@ def calibrate_main(argv) -> int:
                       "after_mem_median_s": float(np.median(after["probe_mem_s"]))},
             "steps_sha256": None}
     if reference is not None:
-        meta["calibration"] = {"name": reference.name, "steps_sha256": reference.metadata.get("steps_sha256")}
+        ref_name, _, ref_steps, ref_meta = reference
+        meta["calibration"] = {"name": ref_name, "steps_sha256": ref_meta.get("steps_sha256")}
         meta["run"] = args.run
-        meta["speed_vs_calibration"] = speed_vs_calibration(table, reference.steps)
+        meta["speed_vs_calibration"] = speed_vs_calibration(table, ref_steps)
     write_calibration(steps_path, meta_path, table, meta)
     summary = {k: meta[k] for k in ("kind", "name", "steps", "wall_s")}
     if reference is not None:
         summary["speed_vs_calibration"] = meta["speed_vs_calibration"]
     else:
-        summary["profile"] = load_calibration(meta_path).profile().describe()["coefficients"]
+        summary["profile"] = f"fitted:{meta_path}"   # simulate / leap-validate fit it from there
     print(json.dumps(summary))
     return 0
 

@@ -13,14 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from core.calibration_files import calibration_paths, is_calibration_path, speed_vs_calibration, write_calibration
 from simulator.profiles import make_profile
-from simulator.profiles.calibration import (
-    calibration_paths,
-    is_calibration_path,
-    load_calibration,
-    speed_vs_calibration,
-    write_calibration,
-)
+from simulator.profiles.calibration import load_calibration
 
 PLANTED = {"intercept": 0.025, "prefill_tokens": 0.0011, "decode_requests": 0.004, "decode_context": 2e-6,
            "prefill_sq": 1e-7}

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from core.calibration_files import calibration_paths, write_calibration
 from experiments import gains
 from experiments.gains import (
     EXCLUDE_SPEED_OFF,
@@ -21,7 +22,7 @@ from experiments.gains import (
     pooled_gain,
     run_speeds,
 )
-from simulator.profiles.calibration import calibration_paths, load_calibration, write_calibration
+from simulator.profiles.calibration import load_calibration
 
 
 def _runs(rng, mean: float, repeats: int, n: int = 200) -> list[np.ndarray]:

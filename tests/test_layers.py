@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOORS: list[list[str]] = [
     ["core"],                                   # trace contract, io, metrics, read-out, hardware, arrivals
     ["policies", "predictors", "capture"],      # pluggable schedulers, length predictors, the recorder
-    ["simulator"],                              # engine, profiles, workload, one run
+    ["simulator", "live"],                      # the simulated engine; the vLLM scheduler beside it, never
+                                                # importing it (both stand on policies, predictors, capture)
     ["experiments"],                            # command lines, sweeps, report, plots, golden, validation
-    ["live"],                                   # the vLLM scheduler (imports policies, predictors, capture)
     ["leap_sched"],                             # vllm serve plugin: the classes vLLM's flags load (imports live)
 ]
 FLOOR_OF = {package: level for level, packages in enumerate(FLOORS) for package in packages}
@@ -89,3 +89,11 @@ def test_the_check_sees_a_sibling_on_the_same_floor(tmp_path):
     (tmp_path / "capture").mkdir()
     (tmp_path / "capture" / "signal.py").write_text("from predictors.leap import Leap\n")
     assert violations(tmp_path) == ["capture/signal.py:1: capture (floor 2) imports predictors (floor 2)"]
+
+
+def test_live_never_imports_the_simulator(tmp_path):
+    """The live scheduler stands beside the simulator: what both need (policies, predictors, the
+    calibration files) sits below them, so a live import of the simulator is a violation."""
+    (tmp_path / "live").mkdir()
+    (tmp_path / "live" / "calibrate.py").write_text("def fit():\n    from simulator.profiles import make_profile\n")
+    assert violations(tmp_path) == ["live/calibrate.py:2: live (floor 3) imports simulator (floor 3)"]

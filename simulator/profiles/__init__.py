@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from core.calibration_files import is_calibration_path
 from core.hardware import A100_80GB, H100, H200, LLAMA3_8B, QWEN3_8B
 from core.trace import Trace
 from simulator.profiles.base import EngineProfile
-from simulator.profiles.calibration import is_calibration_path, load_calibration
+from simulator.profiles.calibration import load_calibration
 from simulator.profiles.fitted import FittedProfile
 from simulator.profiles.roofline import RooflineProfile
 from simulator.profiles.unit import UnitProfile

@@ -1,42 +1,17 @@
-"""Calibration files (``leap-serve calibrate``): a designed grid of engine steps, and the profile
-fitted on it (``--engine fitted:BASE.calibration.json``).
-
-A calibration is a pair written by ``live/calibrate.py``: ``BASE.calibration.parquet`` (one row
-per engine step: the ``fitted`` profile's columns, ``host_gap_s``, the grid ``cell`` and
-``cell_step``) and ``BASE.calibration.json`` (kind ``calibration`` or ``check``, engine settings,
-probes, the steps file's SHA-256). Kept apart from serving traces (``traces/live/calibration/``)
-so that a folder of runs never mistakes one for a trace.
-"""
+"""The profile fitted on a calibration (``leap-serve calibrate``: a designed grid of engine steps),
+``--engine fitted:BASE.calibration.json``. The files themselves (format, reading, writing, a
+check's speed) are ``core.calibration_files``."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from core.calibration_files import read_calibration
 from simulator.profiles.fitted import FEATURES, FittedProfile, _nonnegative_lstsq
-
-CALIBRATION_SUFFIX = ".calibration"
-
-
-def is_calibration_path(path: str | Path) -> bool:
-    return str(path).endswith((CALIBRATION_SUFFIX + ".json", CALIBRATION_SUFFIX + ".parquet"))
-
-
-def calibration_paths(base: str | Path) -> tuple[Path, Path]:
-    """(steps, metadata) paths of a calibration given as its base name or either of its files."""
-    text = str(base)
-    for ending in (".json", ".parquet"):
-        if text.endswith(CALIBRATION_SUFFIX + ending):
-            text = text[: -len(ending)]
-            break
-    else:
-        text += CALIBRATION_SUFFIX
-    return Path(text + ".parquet"), Path(text + ".json")
 
 
 @dataclass(frozen=True)
@@ -92,57 +67,5 @@ def fit_relative(steps: pa.Table, source: str, note: str) -> FittedProfile:
 
 
 def load_calibration(path: str | Path) -> Calibration:
-    """Read a calibration pair, checking the steps file against the hash its metadata names."""
-    import pyarrow.parquet as pq
-
-    steps_path, meta_path = calibration_paths(path)
-    if not meta_path.is_file():
-        raise ValueError(f"calibration metadata not found: {meta_path}")
-    if not steps_path.is_file():
-        raise ValueError(f"calibration steps not found: {steps_path}")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except ValueError:
-        raise ValueError(f"{meta_path}: not a JSON calibration file") from None
-    if not isinstance(meta, dict) or meta.get("kind") not in ("calibration", "check"):
-        raise ValueError(f"{meta_path}: not a calibration (kind must be 'calibration' or 'check')")
-    digest = hashlib.sha256(steps_path.read_bytes()).hexdigest()
-    if meta.get("steps_sha256") != digest:
-        raise ValueError(f"{steps_path}: content hash differs from the one {meta_path.name} names")
-    steps = pq.read_table(steps_path)
-    missing = [c for c in ("step_s", "prefill_tokens", "decode_requests", "decode_context", "prefill_sq",
-                           "host_gap_s", "cell", "cell_step") if c not in steps.column_names]
-    if missing:
-        raise ValueError(f"{steps_path}: column {missing[0]!r} missing")
-    name = meta_path.name[: -len(CALIBRATION_SUFFIX + ".json")]
-    return Calibration(name, meta_path, steps, meta)
-
-
-SHAPE = ("prefill_tokens", "decode_requests", "decode_context")
-
-
-def speed_vs_calibration(check: pa.Table, calibration: pa.Table) -> dict:
-    """How fast a check ran against its calibration: over the check's steps whose (cell,
-    cell_step) and composition match a calibration step, the median (and p10, p90) of check
-    step time / calibration step time. No model in between: same shapes, same engine."""
-    def keyed(t: pa.Table) -> dict:
-        cols = [t.column(c).to_pylist() for c in ("cell", "cell_step", *SHAPE, "step_s")]
-        return {tuple(row[:5]): row[5] for row in zip(*cols)}
-
-    ref, got = keyed(calibration), keyed(check)
-    ratios = np.array([got[k] / ref[k] for k in got if k in ref and ref[k] > 0])
-    if not len(ratios):
-        raise ValueError("the check shares no step (cell, step, composition) with its calibration")
-    return {"median": float(np.median(ratios)), "p10": float(np.percentile(ratios, 10)),
-            "p90": float(np.percentile(ratios, 90)), "matched_steps": int(len(ratios)),
-            "check_steps": int(check.num_rows)}
-
-
-def write_calibration(steps_path: Path, meta_path: Path, table: pa.Table, meta: dict) -> None:
-    """Steps first, then the metadata naming the steps' hash (a reader trusts the pair by it)."""
-    from core.io import atomic_write_json, atomic_write_parquet
-
-    steps_path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_parquet(steps_path, table, compression="zstd")
-    meta["steps_sha256"] = hashlib.sha256(steps_path.read_bytes()).hexdigest()
-    atomic_write_json(meta_path, meta)
+    """A calibration pair (``core.calibration_files.read_calibration``) with its fitted profile."""
+    return Calibration(*read_calibration(path))
