@@ -10,7 +10,6 @@ live in a parts folder (``capture.store.PartStore``) until the final files are w
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -160,18 +159,6 @@ def check_args(args):
     return model_dir, cfg
 
 
-@contextlib.contextmanager
-def _discard_if_nothing_recorded(store, fresh: bool):
-    """A new recording that fails before its first row leaves no parts folder behind (which
-    would otherwise make a plain rerun ask for --resume)."""
-    try:
-        yield
-    except BaseException:
-        if fresh and store.dir.is_dir() and not store.done_ids("gen") and not store.done_ids("feat"):
-            store.discard()
-        raise
-
-
 def _load_tokenizer(model_dir):
     """(tokenizer, its chat template); bad environment or model -> CaptureError."""
     try:
@@ -280,9 +267,7 @@ def record(args) -> int:
     if _up_to_date(args, store, run_config, items):
         log(f"{args.out} is up to date ({len(items)} requests)")
         return 0
-    fresh = not store.exists()
-    store.open(run_config, resume=args.resume)
-    with _discard_if_nothing_recorded(store, fresh):
+    with store.segment(run_config, resume=args.resume):
         done_gen = store.done_ids("gen")
         done_feat = store.done_ids("feat")
         todo_gen = [(p, ids) for p, ids in items if p.request_id not in done_gen]

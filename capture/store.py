@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -126,6 +127,20 @@ class PartStore:
 
     def exists(self) -> bool:
         return self.dir.is_dir() or self.out.exists()
+
+    @contextmanager
+    def segment(self, config: dict, resume: bool):
+        """Open (:meth:`open`) and record one segment: a new recording that fails before its first
+        row leaves no parts folder behind (which would make a plain rerun ask for --resume). Every
+        recorder (``capture-traces``, ``leap-serve`` in process and through a server) records so."""
+        fresh = not self.exists()
+        self.open(config, resume=resume)
+        try:
+            yield self
+        except BaseException:
+            if fresh and self.dir.is_dir() and not self.done_ids("gen") and not self.done_ids("feat"):
+                self.discard()
+            raise
 
     def open(self, config: dict, resume: bool) -> None:
         """Create or reopen the parts folder; on resume check the configuration matches."""

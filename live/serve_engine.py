@@ -15,7 +15,6 @@ from live import stepclock
 from live.serve_capacity import write_capacity
 from live.serve_records import (
     check_written,
-    discard_if_nothing_finished,
     first_estimates,
     read_sched_parts,
     scheduler_stats,
@@ -154,9 +153,7 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
         if read_meta(out).get("run_config") == run_config:
             log(f"{out} is up to date ({len(reqs)} requests)")
             return 0
-    fresh = not store.exists()
-    store.open(run_config, resume=args.resume)
-    with discard_if_nothing_finished(store, fresh):
+    with store.segment(run_config, resume=args.resume):
         done = store.done_ids("gen")
         steps_clock = serving["clock"] == "steps"   # arrival steps, never shifted (no resume)
         todo = [(planned[i].item(), r) for i, r in enumerate(reqs) if r.request_id not in done]

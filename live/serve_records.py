@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import contextmanager
 
 #: per-request engine-step columns (docs/semantics.md "Step clock"), int64, null where not counted
 STEP_COLUMNS = ("arrival_step", "admit_step", "first_token_step", "finish_step")
@@ -84,18 +83,6 @@ def serve_table(fins, by_id, planned_of, run: int, shift: float, estimates: dict
              "source_output_tokens": pa.int32(), "predicted_tokens": pa.float64(),
              "reference_output_tokens": pa.int32(), **dict.fromkeys(STEP_COLUMNS, pa.int64())}
     return pa.table({k: pa.array([row[k] for row in rows], t) for k, t in types.items()})
-
-
-@contextmanager
-def discard_if_nothing_finished(store, fresh: bool):
-    """A first segment that fails before any request finished leaves no parts behind (a resumed
-    run, or one with finished requests, keeps them for ``--resume``)."""
-    try:
-        yield
-    except BaseException:
-        if fresh and store.dir.is_dir() and not store.done_ids("gen"):
-            store.discard()
-        raise
 
 
 def check_written(out, requests: int, t_start: float, log) -> int:

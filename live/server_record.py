@@ -19,7 +19,7 @@ import numpy as np
 
 from capture import CaptureError
 from capture.record import host_description
-from live.serve_records import check_written, discard_if_nothing_finished
+from live.serve_records import check_written
 
 
 def engine_desc(args, w, settings: dict) -> dict:
@@ -66,9 +66,7 @@ def record_run(args, w, settings: dict, served_model: str, log) -> int:
         if read_meta(out).get("run_config") == run_config:
             log(f"{out} is up to date ({len(w.reqs)} requests)")
             return 0
-    fresh = not store.exists()
-    store.open(run_config, resume=args.resume)
-    with discard_if_nothing_finished(store, fresh):
+    with store.segment(run_config, resume=args.resume):
         stats = _serve_segment(args, w, store, served_model, log)
         meta = trace_meta(args, w, settings, store, run_config, stats)
         from capture.finalize import finalize
