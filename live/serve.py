@@ -192,9 +192,21 @@ def _write_json(path: Path, obj) -> None:
     atomic_write_bytes(path, json.dumps(obj).encode())
 
 
+#: run_command's exit status after Ctrl-C (128 + SIGINT).
+INTERRUPTED = 130
+
+
 def main(argv=None) -> int:
-    """``leap-serve``: one line and exit 2 on bad input, like every command (``core.errors``)."""
-    return run_command(serve_main, argv, "leap-serve", interrupt_hint="rerun with --resume to continue")
+    """``leap-serve``: one line and exit 2 on bad input, like every command (``core.errors``). After
+    Ctrl-C, once the run's parts are flushed and the engine closed, the process leaves without the
+    interpreter's teardown of torch and transformers (seconds on a loaded host), so that it stops
+    within a second or two."""
+    rc = run_command(serve_main, argv, "leap-serve", interrupt_hint="rerun with --resume to continue")
+    if rc == INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc
 
 
 if __name__ == "__main__":

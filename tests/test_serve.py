@@ -116,7 +116,10 @@ def test_tiny_serving_run(tmp_path):
     assert len(node) < 4 or node not in text
 
 
-def test_killed_run_resumes_without_lost_or_duplicated_rows(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["killed", "ctrl-c"])
+def test_killed_run_resumes_without_lost_or_duplicated_rows(tmp_path, sig):
+    """A run killed (no cleanup) or interrupted (Ctrl-C: parts flushed, exit 130 without the
+    interpreter's teardown) resumes with every request exactly once."""
     out = tmp_path / "crash.parquet"
     cache = tmp_path / "cache"
     common = ["--requests", "8", "--force-lengths", "--max-length", "24", "--arrivals", "poisson",
@@ -135,11 +138,14 @@ def test_killed_run_resumes_without_lost_or_duplicated_rows(tmp_path):
                 break
             time.sleep(0.05)
         assert p.poll() is None, p.communicate()[1][-2000:]
-        os.killpg(p.pid, signal.SIGKILL)
+        os.killpg(p.pid, sig)
+        _, err = p.communicate(timeout=300)   # a hang guard, not a deadline
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
         p.wait()
+    if sig == signal.SIGINT:
+        assert p.returncode == 130 and "interrupted" in err, err[-2000:]
     assert not out.exists()
     import pyarrow.parquet as pq
 
