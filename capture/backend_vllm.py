@@ -6,6 +6,8 @@ Must be driven from a ``if __name__ == "__main__":`` guarded entry point (vLLM s
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from collections import deque
 from typing import Any
@@ -355,7 +357,7 @@ class VLLMBackend(Backend):
         """One engine step (number ``step``): each output's tokens stamped (offset from its
         request's submission), its step marks set, finished requests moved from ``live`` to
         ``done``; returns (tokens, finished)."""
-        outs = self.engine.step()
+        outs = engine_step_holding_ctrl_c(self.engine)
         now = time.perf_counter()
         sched = self._scheduler() if step is not None else None
         tokens = finished = 0
@@ -460,3 +462,27 @@ def parse_cpu_list(text: str, local: bool = True) -> list[int]:
     if not cpus or (local and not set(cpus) <= os.sched_getaffinity(0)):
         raise CaptureError(f"--threads {text!r}: CPUs must be among {sorted(os.sched_getaffinity(0))}")
     return sorted(set(cpus))
+
+
+def engine_step_holding_ctrl_c(engine):
+    """``engine.step()`` with Ctrl-C held until the step returns, then raised: vLLM turns an
+    exception raised inside its step into a failed engine (an error, not an interruption), so the
+    interruption lands between steps and the run's parts stay resumable. A second Ctrl-C during the
+    same step raises at once. Outside the main thread (no signal handlers there) a plain step."""
+    if threading.current_thread() is not threading.main_thread():
+        return engine.step()
+    pressed: list[int] = []
+
+    def hold(signum, frame):
+        if pressed:
+            raise KeyboardInterrupt
+        pressed.append(signum)
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        outs = engine.step()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        raise KeyboardInterrupt
+    return outs
