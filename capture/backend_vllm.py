@@ -468,9 +468,11 @@ def engine_step_holding_ctrl_c(engine):
     """``engine.step()`` with Ctrl-C held until the step returns, then raised: vLLM turns an
     exception raised inside its step into a failed engine (an error, not an interruption), so the
     interruption lands between steps and the run's parts stay resumable. A second Ctrl-C during the
-    same step raises at once. Outside the main thread (no signal handlers there) a plain step."""
-    if threading.current_thread() is not threading.main_thread():
-        return engine.step()
+    same step raises at once. A plain step outside the main thread (no signal handlers there) and
+where SIGINT is not Python's KeyboardInterrupt (ignored, as under ``nohup ... &``, or handled)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        return engine.step()   # no handler here, or Ctrl-C ignored / handled by someone else
     pressed: list[int] = []
 
     def hold(signum, frame):

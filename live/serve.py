@@ -152,7 +152,7 @@ def serve_main(argv) -> int:
 
     if args.server is not None:
         # serve_flags: --server needs --arrivals and a rate, and check_server answered before this
-        assert served is not None and planned is not None and arrivals_desc is not None and rate is not None
+        assert served is not None and planned is not None and arrivals_desc is not None
         return server_run.run_against_server(args, served, server_run.ServerWorkload(
             w.reqs, planned, arrivals_desc, rate, load, capacity, capacity_how, live, workload, w.src, w.cfg,
             w.model_dir, w.template, w.tsha, sampling, w.dtype, w.max_model_len,

@@ -45,7 +45,7 @@ class ServerWorkload:
     reqs: list
     planned: np.ndarray
     arrivals_desc: str
-    rate: float
+    rate: float | None               # None: arrivals from a CSV
     load: float | None
     capacity: float | None
     capacity_how: str | None

@@ -13,6 +13,14 @@ import pytest
 from capture.backend_vllm import engine_step_holding_ctrl_c
 
 
+@pytest.fixture(autouse=True)
+def python_ctrl_c():
+    """Python's own SIGINT handler for each test (a suite run as a background job inherits SIG_IGN)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 class PressingEngine:
     """``step()`` sends this process SIGINT ``presses`` times, then finishes its work."""
 
@@ -48,3 +56,11 @@ def test_a_second_press_interrupts_the_step_itself():
 def test_no_press_is_a_plain_step():
     engine = PressingEngine(presses=0)
     assert engine_step_holding_ctrl_c(engine) == ["outputs"] and engine.finished_steps == 1
+
+
+def test_an_ignored_ctrl_c_stays_ignored():
+    """Under ``nohup ... &`` SIGINT is ignored: the step neither holds nor raises it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    engine = PressingEngine(presses=2)
+    assert engine_step_holding_ctrl_c(engine) == ["outputs"] and engine.finished_steps == 1
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN

@@ -116,6 +116,12 @@ def test_tiny_serving_run(tmp_path):
     assert len(node) < 4 or node not in text
 
 
+def _ctrl_c_as_a_terminal_sends_it():
+    """In the child: SIGINT to its default, so Python raises KeyboardInterrupt on it even when this
+    test runs with SIGINT ignored (a background job of a non-interactive shell inherits SIG_IGN)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["killed", "ctrl-c"])
 def test_killed_run_resumes_without_lost_or_duplicated_rows(tmp_path, sig):
     """A run killed (no cleanup) or interrupted (Ctrl-C: parts flushed, exit 130 without the
@@ -129,7 +135,7 @@ def test_killed_run_resumes_without_lost_or_duplicated_rows(tmp_path, sig):
     p = subprocess.Popen([sys.executable, "-m", "live.serve", "--model", str(MODEL),
                           "--from", str(SOURCE), "--capacity", "measure", *common],
                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
+                         text=True, start_new_session=True, preexec_fn=_ctrl_c_as_a_terminal_sends_it)
     parts = out.with_name(out.name + ".parts")
     deadline = time.time() + 400
     try:
