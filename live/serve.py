@@ -35,16 +35,14 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 from capture import CaptureError
 from core.errors import run_command
 from live import server_run, stepclock
-from live.serve_capacity import CAPACITY_FILE, capacity_key, read_capacity, write_capacity  # noqa: F401 (re-exported)
-from live.serve_engine import SERVE_TIMING  # noqa: F401 (re-exported)
+from live.serve_capacity import capacity_key, read_capacity
 from live.serve_flags import build_parser, check_flags
-from live.serve_workload import ServeRequest, build_workload, check_kv, kv_blocks_estimate  # noqa: F401 (re-exported)
+from live.serve_workload import build_workload
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -175,21 +173,6 @@ def _vllm_version() -> str:
             return f"vllm {version('vllm')}"
         except Exception:  # noqa: BLE001
             return "vllm ?"
-
-
-
-def _file_ref(path: str | None) -> str | None:
-    """A file by name and content hash: no machine path in shared metadata."""
-    if path is None:
-        return None
-    p = Path(path)
-    return f"{p.name}@sha256:{hashlib.sha256(p.read_bytes()).hexdigest()[:12]}"
-
-
-def _write_json(path: Path, obj) -> None:
-    from core.io import atomic_write_bytes
-
-    atomic_write_bytes(path, json.dumps(obj).encode())
 
 
 #: run_command's exit status after Ctrl-C (128 + SIGINT).

@@ -13,6 +13,7 @@ from capture import CaptureError
 from capture.record import host_description
 from live import stepclock
 from live.serve_capacity import write_capacity
+from live.serve_files import file_ref, write_json
 from live.serve_records import (
     check_written,
     first_estimates,
@@ -127,8 +128,8 @@ def run_engine(args, w, run, log) -> int:
                    "scheduler": "live" if live is not None else "vllm",
                    "wait_cap": live.wait_cap if live is not None else None,
                    "ordered_admission": live.orders_admission if live is not None else False,
-                   "readout": _file_ref(args.readout), "layer": live.hook_layer if live is not None else None,
-                   "head_weights": _file_ref(args.head_weights),
+                   "readout": file_ref(args.readout), "layer": live.hook_layer if live is not None else None,
+                   "head_weights": file_ref(args.head_weights),
                    "prior_tokens": live.prior_tokens if live is not None else None,
                    "max_num_batched_tokens": args.max_num_batched_tokens,
                    "forced_lengths": args.force_lengths, "max_length": args.max_length,
@@ -159,14 +160,14 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
         todo = [(planned[i].item(), r) for i, r in enumerate(reqs) if r.request_id not in done]
         shift = todo[0][0] if todo and not steps_clock else 0.0
         segment = {"run": store.run, "requests": len(todo), "schedule_shift_s": shift}
-        _write_json(store.dir / f"segment-{store.run:03d}.json", segment)
+        write_json(store.dir / f"segment-{store.run:03d}.json", segment)
         planned_of = {r.request_id: None if steps_clock else float(planned[i]) for i, r in enumerate(reqs)}
         by_id = {r.request_id: r for r in reqs}
         log(f"{len(reqs)} requests, {len(done)} already served; segment {store.run}: {len(todo)} at "
             + (f"{serving['rate_req_per_step'] or 0:.5f} req/step" if steps_clock
                else f"{serving['rate_req_s'] or 0:.4f} req/s") + f" ({serving['arrivals']})")
         info = be.info()
-        _write_json(store.dir / "backend.json", info)
+        write_json(store.dir / "backend.json", info)
         stats = {"requests": 0, "generated_tokens": 0, "wall_s": 0.0, "backend": "vllm",
                  "executor": info.get("executor"), "engine_startup_s": be.startup_s,
                  "segment_shift_s": shift}
@@ -185,7 +186,7 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
             store.write("gen", serve_table(fins, by_id, planned_of, store.run, shift, estimates))
             stats["requests"] += len(fins)
             stats["generated_tokens"] += sum(f.output_tokens for f in fins)
-            _write_json(store.dir / f"run-{store.run:03d}.json", stats)
+            write_json(store.dir / f"run-{store.run:03d}.json", stats)
 
         schedule = [(p - shift, GenRequest(r.request_id, list(r.prompt_token_ids)), params_for(r))
                     for p, r in todo]
@@ -197,7 +198,7 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
                 lag = np.asarray(res["submit_lag_s"])
                 stats["submit_lag_s"] = {"median": float(np.median(lag)), "p99": float(np.quantile(lag, 0.99)),
                                          "max": float(lag.max())}
-            _write_json(store.dir / f"run-{store.run:03d}.json", stats)
+            write_json(store.dir / f"run-{store.run:03d}.json", stats)
 
         sched = scheduler_stats(be.engine)
         if sched:
@@ -286,14 +287,3 @@ def trace_meta(args, run_config, reqs, serving, src, cfg, model_dir, template, t
         "text_encoder": None,
     }
 
-
-def _file_ref(path):
-    from live.serve import _file_ref as ref
-
-    return ref(path)
-
-
-def _write_json(path, obj) -> None:
-    from live.serve import _write_json as write
-
-    write(path, obj)

@@ -19,6 +19,7 @@ import numpy as np
 
 from capture import CaptureError
 from capture.record import host_description
+from live.serve_files import write_json
 from live.serve_records import check_written
 
 
@@ -80,14 +81,13 @@ def _serve_segment(args, w, store, served_model: str, log) -> dict:
     """Serve the requests not yet finished as a new run segment; returns the segment's stats."""
     from live.config import PROMPT_TEXT_KEY
     from live.http_client import ServerError, chat_body, serve_schedule
-    from live.serve import _write_json
     from live.serve_records import serve_table
     from live.server_run import base_url
 
     done = store.done_ids("gen")
     todo = [(float(w.planned[i]), r) for i, r in enumerate(w.reqs) if r.request_id not in done]
     shift = todo[0][0] if todo else 0.0
-    _write_json(store.dir / f"segment-{store.run:03d}.json",
+    write_json(store.dir / f"segment-{store.run:03d}.json",
                 {"run": store.run, "requests": len(todo), "schedule_shift_s": shift})
     planned_of = {r.request_id: float(w.planned[i]) for i, r in enumerate(w.reqs)}
     by_id = {r.request_id: r for r in w.reqs}
@@ -106,7 +106,7 @@ def _serve_segment(args, w, store, served_model: str, log) -> dict:
             await asyncio.to_thread(store.write, "gen", table)
             stats["requests"] += len(batch)
             stats["generated_tokens"] += sum(s.output_tokens for s in batch)
-            await asyncio.to_thread(_write_json, store.dir / f"run-{store.run:03d}.json", stats)
+            await asyncio.to_thread(write_json, store.dir / f"run-{store.run:03d}.json", stats)
 
     extra = (lambda r: {PROMPT_TEXT_KEY: r.prompt_text}) if args.predictor == "ssjf" else (lambda r: None)
     schedule = [(p - shift, r, chat_body(served_model, r.prompt_text, w.sampling, r.length, args.force_lengths, extra(r)))
@@ -120,7 +120,7 @@ def _serve_segment(args, w, store, served_model: str, log) -> dict:
         lag = np.asarray(res["submit_lag_s"])
         stats.update(wall_s=res["wall_s"], submit_lag_s={"median": float(np.median(lag)),
                                                          "p99": float(np.quantile(lag, 0.99)), "max": float(lag.max())})
-        _write_json(store.dir / f"run-{store.run:03d}.json", stats)
+        write_json(store.dir / f"run-{store.run:03d}.json", stats)
     return stats
 
 

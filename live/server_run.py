@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from capture import CaptureError
+from live.serve_files import file_ref
 
 SERVER_TIMING = ("open loop through HTTP: each request is sent (a streamed chat completion) at its "
                  "planned arrival (planned_arrival_s); arrival_s is the client's send time from the start "
@@ -134,12 +135,11 @@ def server_label(server: str) -> str:
 
 def expected_settings(args, w: ServerWorkload) -> dict:
     """The server settings these flags mean (compared with what the server reports)."""
-    from live.serve import _file_ref
 
     live = w.live
     want = {"leap.policy": live.policy, "leap.predictor": live.predictor, "leap.decode_slots": live.decode_slots,
-            "leap.wait_cap": live.wait_cap, "leap.readout": _file_ref(live.readout), "leap.layer": live.hook_layer,
-            "leap.head_weights": _file_ref(live.head_weights), "leap.ordered_admission": live.ordered_admission,
+            "leap.wait_cap": live.wait_cap, "leap.readout": file_ref(live.readout), "leap.layer": live.hook_layer,
+            "leap.head_weights": file_ref(live.head_weights), "leap.ordered_admission": live.ordered_admission,
             "leap.prior_tokens": live.prior_tokens, "leap.update_every": live.update_every,
             "leap.sync_updates": live.sync_updates, "max_num_seqs": args.max_resident,
             "max_num_batched_tokens": args.max_num_batched_tokens, "dtype": w.dtype, "max_model_len": w.max_model_len,
@@ -190,7 +190,7 @@ def run_against_server(args, got: dict, w: ServerWorkload, log) -> int:
     the checks (settings, KV room, prompts), then the schedule, the parts, the trace."""
     check_settings(args, w, got)
     if got.get("kv_blocks"):
-        from live.serve import check_kv
+        from live.serve_workload import check_kv
 
         check_kv(w.reqs, args.max_resident, got["kv_blocks"], got.get("block_size") or 128, args.kv_space_gib,
                  "reported by the server")

@@ -227,8 +227,8 @@ def test_first_estimates_recorded_as_predicted_tokens():
     from types import SimpleNamespace
 
     from capture.backend import Finished, GenRequest
-    from live.serve import ServeRequest
     from live.serve_records import first_estimates, serve_table
+    from live.serve_workload import ServeRequest
 
     reqs = {rid: ServeRequest(rid, "d", rid, (1, 2, 3), 9, 7, None) for rid in ("a-1", "a-12", "b")}
     stats = {"request_id": ["a-1-1a2b3c4d", "a-12-ffffffff", "b-00000000", "zz-12345678"],

@@ -11,24 +11,15 @@ through untouched. A server without the plugin answers 404 here: that is how a c
 
 from __future__ import annotations
 
-import hashlib
 import os
-from pathlib import Path
 
-from live.http_client import SETTINGS_PATH  # the path this middleware answers (the client reads it)
+from live.http_client import SETTINGS_PATH
+from live.serve_files import file_ref
 
 #: The import path vLLM's ``--middleware`` flag takes.
 MIDDLEWARE = "leap_sched.vllm.endpoint.settings_endpoint"
 #: Environment of the server (inherited by the engine core) that sets the CPU engine's resources.
 ENGINE_ENV = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS", "VLLM_USE_V2_MODEL_RUNNER")
-
-
-def file_ref(path: str | None) -> str | None:
-    """A file by name and content hash (``NAME@sha256:12 hex``): no machine path leaves the server."""
-    if path is None:
-        return None
-    p = Path(path)
-    return f"{p.name}@sha256:{hashlib.sha256(p.read_bytes()).hexdigest()[:12]}"
 
 
 def served_settings(vllm_config) -> dict:
