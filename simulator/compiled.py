@@ -81,9 +81,6 @@ def unsupported(sim) -> str | None:
     p = sim.predictor
     if not form.rank_predictors and p is not None and p.output == "rank":
         return f"{sim.policy.name} with a rank predictor is not compiled (its locked key -1 need not sort first)"
-    if p is not None and not p.static_estimates:
-        if p.stage == "prefill" and sim.closed_loop is not None:
-            return f"predictor {p.name!r} predicts after prefill in a closed loop (not compiled)"
     if sim.profile.compiled_coefficients() is None:
         return f"engine profile {sim.profile.name!r} is not compiled"
     if sim.record_steps:
@@ -263,12 +260,17 @@ class CompiledRun:
             self.st.charge += d.cost.gpu_s(len(rows), int(t.prompt[rows].sum()))
         self.st.py_scored = arrived
 
-    def _publish(self, rows: np.ndarray, at: float, finished: int) -> None:
+    def _publish(self, rows: np.ndarray, at: float, finished: int, before_landing: bool) -> None:
         """Estimates for ``rows`` usable from ``at`` (the predictor sees what the system knows then);
-        the kernel re-sorts them on its next call."""
+        the kernel re-sorts them on its next call. ``before_landing``: the system as it was before
+        the kernel's last step retired its rows (the reference's ``after_step`` runs before
+        ``retire``), so the rows its completions submitted in a closed loop have not arrived yet."""
         if not len(rows):
             return
-        known = Known(arrived=self.table.arrived_by(at), finished=finished)
+        arrived = self.table.arrived_by(at)
+        if before_landing:
+            arrived = min(arrived, int(self.st.released) - int(self.last.n_released))
+        known = Known(arrived=arrived, finished=finished)
         self._set_estimates(rows, self.predictor.predict(rows, known), at)
 
     def _set_estimates(self, rows: np.ndarray, values: np.ndarray, at: float) -> None:
@@ -299,7 +301,7 @@ class CompiledRun:
         ready = start + d.cost.tap_fraction * duration + cpu
         end = start + duration
         if ready <= end:
-            self._publish(rows, end, self.finished - int(self.last.n_done))
+            self._publish(rows, end, self.finished - int(self.last.n_done), before_landing=True)
             return
         # a SimPy timeout created before the step loop's next one
         self._schedule(end + (ready - end), int(self.st.yields), rows)
@@ -314,7 +316,8 @@ class CompiledRun:
             lo = hi
             update = self.predictor.feedback(done, self.table.length[done])
             if update is not None and self.step_clock:   # PredictionDriver.publish_at_once
-                self._publish_update(update, self.now, self.finished, self.work.resident[:int(self.st.n_res)])
+                self._publish_update(update, self.now, self.finished, self.work.resident[:int(self.st.n_res)],
+                                     before_landing=False)
             elif update is not None:
                 self.worker_queue.append(update)
         self.st.fb_n = self.st.fb_groups = 0
@@ -337,25 +340,25 @@ class CompiledRun:
         done_last = int(self.last.n_done) if before_landing else 0
         finished = self.finished - done_last
         if isinstance(what, np.ndarray):   # a delayed estimate
-            self._publish(what, at, finished)
+            self._publish(what, at, finished, before_landing)
             return
         resident = self.work.resident[:int(self.st.n_res)]
         if done_last or (before_landing and self.last.n_first):   # the residents before that step landed
             firsts = self.work.firsts[:int(self.last.n_first)]
             resident = np.setdiff1d(np.union1d(resident, self.work.done_rows[:done_last]), firsts)
-        self._publish_update(what, at, finished, resident)
+        self._publish_update(what, at, finished, resident, before_landing)
         self.worker_busy = False
         if self.worker_queue:   # the worker's next get fires after any step-loop timeout created by now
             yields = int(self.st.yields)
             self._start_update(at, yields + (1 if at == self.now else 0))
 
-    def _publish_update(self, update, at: float, finished: int, resident: np.ndarray) -> None:
+    def _publish_update(self, update, at: float, finished: int, resident: np.ndarray, before_landing: bool) -> None:
         """PredictionDriver._publish: an online update's weights go live at ``at``; every resident
         request with an estimate is re-scored."""
         update.publish()
         self.driver.updates += 1
         rescored = resident[~np.isnan(self.table.ready_s[resident])]
-        self._publish(rescored, at, finished)
+        self._publish(rescored, at, finished, before_landing)
 
     def fire_due(self) -> None:
         """Events that fired before the step loop resumed at the kernel's clock, in SimPy's order."""

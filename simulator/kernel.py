@@ -108,8 +108,9 @@ def _run_steps(max_steps, t, w, s, state, batch):
         if st.n_res == 0 and st.partial < 0 and st.n_admitted >= arrived:   # Scheduler.idle: wait
             st.now = st.now + (t.arrival[arrived] - st.now)
             st.yields += 1
-            b.n_done = 0       # nothing finishes while idle
+            b.n_done = 0       # nothing finishes (or is released) while idle
             b.n_first = 0
+            b.n_released = 0
             continue
         if s.pred_mode == PRED_PYTHON and st.py_scored < arrived:
             st.status = NEEDS_SCORES   # the predictor scores rows [py_scored, arrived) in Python, at `now`

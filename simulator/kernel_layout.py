@@ -57,6 +57,7 @@ BATCH = np.dtype([
     ("carried", np.int64), ("carried_chunk", np.int64), ("waiting", np.int64),
     ("n_admit", np.int64), ("n_first", np.int64), ("prefill_tokens", np.int64), ("prefill_sq", np.int64),
     ("context", np.int64), ("n_done", np.int64),
+    ("n_released", np.int64),       # closed loop: rows its completions submitted (at its end)
     ("start", np.float64), ("duration", np.float64),
 ])
 

@@ -340,11 +340,13 @@ def _retire(t, w, st, b, end):
         n_res += n_new
     st.n_res = n_res
     n = t.arrival.shape[0]
+    b.n_released = 0
     if st.released < n and b.n_done:
         fresh = min(b.n_done, n - st.released)
         for j in range(st.released, st.released + fresh):
             t.arrival[j] = end
         st.released += fresh
+        b.n_released = fresh
 
 
 def _reorder(t, w, s, st, b, n_before):
