@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 
 from policies.countdown import REMAINING_FLOOR
+from policies.trail_preemption import LOCKED_KEY
 from simulator.kernel_float import _step_time
 from simulator.kernel_layout import (
     AFTER_STEP,
@@ -150,10 +151,10 @@ def numba_cache_folder() -> str:
     """Where numba caches this kernel: ``$NUMBA_CACHE_DIR``, else leap-sched's cache, in a folder
     named by the kernel's sources and the values compiled in from other modules. numba re-validates
     a cached function by its own file's stamp only, not by the files of the functions it calls (nor
-    a changed ``REMAINING_FLOOR``), so any change leads to another folder."""
+    a changed ``REMAINING_FLOOR`` or ``LOCKED_KEY``), so any change leads to another folder."""
     from core.io import cache_dir
 
-    digest = hashlib.sha256(repr(("REMAINING_FLOOR", REMAINING_FLOOR)).encode())
+    digest = hashlib.sha256(repr(("REMAINING_FLOOR", REMAINING_FLOOR, "LOCKED_KEY", LOCKED_KEY)).encode())
     digest.update(_kernel_sources())
     base = os.environ.get("NUMBA_CACHE_DIR") or str(cache_dir() / "numba")
     return os.path.join(base, f"kernel-{digest.hexdigest()[:12]}")
