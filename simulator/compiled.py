@@ -37,6 +37,7 @@ import sys
 import numpy as np
 
 from predictors.base import Known
+from simulator.compiled_log import fill_step_log, no_log, with_room
 from simulator.kernel import load_kernel
 from simulator.kernel_estimates import C_CPU_PER_PREDICTION, C_CPU_SPENT, C_TAP_FRACTION, load_publishing_kernel
 from simulator.kernel_layout import (
@@ -83,8 +84,6 @@ def unsupported(sim) -> str | None:
         return f"{sim.policy.name} with a rank predictor is not compiled (its locked key -1 need not sort first)"
     if sim.profile.compiled_coefficients() is None:
         return f"engine profile {sim.profile.name!r} is not compiled"
-    if sim.record_steps:
-        return "step logs are recorded by the reference engine only"
     return None
 
 
@@ -178,7 +177,8 @@ class CompiledRun:
                     firsts=np.empty(width + 1, dtype=np.int64), done_rows=np.empty(2 * width + 2, dtype=np.int64),
                     scratch=np.empty(width, dtype=np.int64), err=np.empty(width, dtype=np.float64),
                     pair_stack=np.zeros((3, 64), dtype=np.int64), pair_sums=np.empty(64, dtype=np.float64),
-                    rekey=self.rekey, fb_rows=np.empty(rows, dtype=np.int64), fb_ends=np.empty(rows, dtype=np.int64))
+                    rekey=self.rekey, fb_rows=np.empty(rows, dtype=np.int64), fb_ends=np.empty(rows, dtype=np.int64),
+                    **no_log())
 
     def _settings(self, sim) -> Settings:
         """The run's fixed settings as the kernel reads them (the policy's and profile's declared forms)."""
@@ -204,7 +204,7 @@ class CompiledRun:
             charge_per_request=float(cost.gpu_s_per_request) if cost is not None else 0.0,
             charge_per_prompt_token=float(cost.gpu_s_per_prompt_token) if cost is not None else 0.0,
             feedback_batch=int(self.fb_batch), refresh_every=int(self.refresh_every),
-            after_prefill=bool(self.after_prefill))
+            after_prefill=bool(self.after_prefill), record_steps=bool(sim.record_steps))
 
     def _fixed_estimates_publisher(self, sim) -> tuple | None:
         """(estimates, cost) for :mod:`simulator.kernel_estimates` when a prefill-stage predictor's
@@ -219,6 +219,10 @@ class CompiledRun:
         return np.ascontiguousarray(fixed, dtype=np.float64), cost
 
     def advance(self, max_steps: int) -> int:
+        """Up to ``max_steps`` compiled steps (the step log grown first to hold them all)."""
+        if self.settings.record_steps:
+            self.work = with_room(self.work, self.steps + max_steps)
+            self.kernel_args = (self.rows, self.work, self.settings, self.state, self.batch)
         if self.publishing is None:
             return int(load_kernel()(max_steps, *self.kernel_args))
         estimates, cost = self.publishing
@@ -226,6 +230,10 @@ class CompiledRun:
         done = load_publishing_kernel()(max_steps, estimates, cost, *self.kernel_args)
         self.driver.cpu_s = float(cost[C_CPU_SPENT])
         return int(done)
+
+    def fill_step_log(self, log) -> None:
+        """The run's step log into ``log`` (a :class:`simulator.engine.StepLog`), as the reference keeps it."""
+        fill_step_log(log, self.work, self.steps)
 
     @property
     def now(self) -> float:

@@ -39,6 +39,7 @@ from simulator.kernel_layout import (
     REKEY_RESORT,
     STALLED,
 )
+from simulator.kernel_log import _record_finished, _record_step
 from simulator.kernel_order import _key, _ord_insert, _rekey_sort
 from simulator.kernel_steps import (
     _compose,
@@ -51,7 +52,10 @@ from simulator.kernel_steps import (
 )
 
 #: the modules whose functions numba compiles, in import order (their ``JITTED`` names)
-KERNEL_MODULES = ("simulator.kernel_float", "simulator.kernel_order", "simulator.kernel_steps", "simulator.kernel")
+KERNEL_MODULES = ("simulator.kernel_float", "simulator.kernel_order", "simulator.kernel_steps", "simulator.kernel_log",
+                  "simulator.kernel")
+#: the modules of the step's parts, inlined into the loop
+STEP_MODULES = ("simulator.kernel_steps", "simulator.kernel_log")
 
 
 def _take_estimates(t, w, s, st):
@@ -126,9 +130,11 @@ def _run_steps(max_steps, t, w, s, state, batch):
         duration = _step_charge(s, st, b)
         start = st.now
         end = start + duration
+        _record_step(w, s, st, b, n_before, start, duration)
         tick = int(start) if s.step_clock else st.step   # simulator.requests.clock_step
         _land(t, w, st, b, st.step, tick, start, end)
         _retire(t, w, st, b, end)
+        _record_finished(w, s, st)
         _reorder(t, w, s, st, b, n_before)
         b.start, b.duration = start, duration   # an event due within it saw the system before it landed
         st.now = end
@@ -181,7 +187,7 @@ def load_kernel():
     try:
         plain = {name: getattr(m, name) for m in modules for name in m.JITTED}
         inline = numba.njit(nogil=True, cache=True, _nrt=False, inline="always")
-        steps = set(importlib.import_module("simulator.kernel_steps").JITTED) | set(JITTED)
+        steps = {name for m in STEP_MODULES for name in importlib.import_module(m).JITTED} | set(JITTED)
         jitted = {name: (inline if name in steps else jit)(fn) for name, fn in plain.items()}
         for m in modules:
             for name, fn in plain.items():
