@@ -10,18 +10,24 @@ fixed per row at bind time, frozen ``leap`` and ``egtp``, are published in compi
 after prefill and during decode (TRAIL, LEAP with refresh) made in Python after the step that
 calls for them, and online learning (LEAP+RLS): the kernel buffers finished rows until a feedback
 batch is due, Python runs the predictor's feedback, and the CPU worker's publishes fire between
-compiled steps. Policies FCFS, countdown and TRAIL's limited preemption (locked rows first, by a
-scan of the residents), SSJF's starvation override (a starving decision by arrival); the
-roofline / fitted / unit profiles; chunked prefill and closed loop included (not a prefill-stage
-predictor in a closed loop); no step logs. Anything else (aging, LTR's starvation rule) runs on
-the reference engine, and :func:`unsupported` says why. Without numba the compiled kernel is unavailable
-and every run uses the reference engine (the pure-numpy path).
+compiled steps. Policies FCFS, countdown and TRAIL's limited preemption (its locked rows merged
+into the (key, row) order at their key, -inf: first whatever a rank predictor's scores are),
+SSJF's starvation override (a starving decision by arrival); the roofline / fitted / unit
+profiles; chunked prefill, the KV budget, the step clock and closed loop included, with every
+predictor; the step log (``record_steps``: :mod:`simulator.kernel_log`, grown and read back in
+:mod:`simulator.compiled_log`). It is ``simulate``'s default kernel. A policy without a compiled
+form runs on the reference engine, and :func:`unsupported` says why (one line per process).
+Without numba the compiled kernel is unavailable and every run uses the reference engine (the
+pure-numpy path).
 
 Events between steps (an estimate ready after its step ended, an online update's publish) keep
 SimPy's order: by time, then creation. The kernel counts the step loop's timeouts (steps and idle
 waits), and each event remembers how many were created before it, so an event at exactly a step's
 end fires before that step lands only if it was created before the step began, as in SimPy.
-Python then fires it against the system as it was before the landing (residents, finished count).
+Python then fires it against the system as it was before the landing (residents, finished count,
+arrived count). The reference publishes a prefill's estimates in ``after_step``, before the step's
+``retire``, so they too see the system before the landing: in a closed loop the rows that the
+step's completions submit (at its end) have not arrived yet (``BATCH.n_released`` counts them).
 
 The kernel itself is :mod:`simulator.kernel`; this module decides when it applies, runs the
 predictor's side between its calls, and is the SimPy process around it

@@ -71,7 +71,9 @@ class RunConfig:
     charge_cost: bool = True
     preset: str | None = None
     engine_overrides: tuple[tuple[str, Any], ...] = ()
-    kernel: str = "reference"           # the engine's implementation; outputs are identical (not recorded)
+    # the engine's implementation (the compiled step, or the reference SimPy loop that defines it, which
+    # a configuration the kernel does not cover falls back to); outputs are identical (not recorded)
+    kernel: str = "compiled"
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
