@@ -35,7 +35,7 @@ from experiments.table import load_text, print_table
 from policies import POLICIES
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
-from simulator.compiled import KERNELS
+from simulator.compiled import DEFAULT_KERNEL, KERNELS
 from simulator.engine import EngineConfig
 from simulator.profiles import DEFAULT_PROFILE, PROFILES, is_profile_name
 from simulator.runner import MAX_SEED, NO_PREDICTOR, PRESETS, RunConfig, code_hash, config_from_record, prepare
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="repeat the trace to N requests first (whole copies in "
                    "trace order, arrival gaps repeated, ids suffixed #COPY), for scaling studies")
     p.add_argument("--seed", type=bounded_int(0), default=0, help="first seed")
-    p.add_argument("--kernel", choices=KERNELS, default="compiled",
+    p.add_argument("--kernel", choices=KERNELS, default=DEFAULT_KERNEL,
                    help="engine implementation: the compiled step (default; numba, same bytes; without numba, "
                         "or for a configuration it does not cover, it says so and uses the reference), or "
                         "the reference SimPy step loop that defines it")

@@ -115,6 +115,7 @@ def simulate_segments(workload: Trace, segment: np.ndarray, policy_name: str, pr
     from policies import make_policy
     from predictors import make_predictor
     from predictors.base import PredictorOptions
+    from simulator.compiled import DEFAULT_KERNEL
     from simulator.engine import Simulation
 
     n = len(workload)
@@ -133,7 +134,7 @@ def simulate_segments(workload: Trace, segment: np.ndarray, policy_name: str, pr
         if predictor_name != NO_PREDICTOR:
             predictor = make_predictor(predictor_name, PredictorOptions(train_trace=train, update_every=update_every))
         sim = Simulation(part, arrival, policy=make_policy(policy_name), predictor=predictor, profile=profile,
-                         config=config, seed=0, charge_cost=charge_cost)
+                         config=config, seed=0, charge_cost=charge_cost, kernel=DEFAULT_KERNEL)
         result = sim.run()
         row_of = {rid: i for i, rid in enumerate(result.rows_request_id.tolist())}
         order = np.array([row_of[rid] for rid in part.request_id.tolist()], dtype=np.int64)

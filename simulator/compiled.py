@@ -72,6 +72,7 @@ from simulator.kernel_layout import (
 from simulator.prediction import refresh_due
 
 KERNELS = ("reference", "compiled")
+DEFAULT_KERNEL = "compiled"      # simulate's, RunConfig's and leap-validate's replays' (Simulation's: the reference)
 CHUNK_STEPS = 1 << 16            # steps per kernel call (progress reports between calls)
 
 
