@@ -25,6 +25,10 @@ REKEY_RESORT = 16                # more re-estimated rows than this: re-key ever
 KEY_ROW, KEY_REMAINING, KEY_SCORE = 0, 1, 2
 # how estimates reach the kernel
 PRED_NONE, PRED_STATIC, PRED_PYTHON, PRED_PREFILL = 0, 1, 2, 3
+# the step log's integer columns (Work.log_counts; simulator.engine.StepLog's fields of those names)
+LOG_COLUMNS = ("admitted", "decoded", "forced", "ready", "resident", "waiting", "arrived", "finished", "capacity_left")
+(LOG_ADMITTED, LOG_DECODED, LOG_FORCED, LOG_READY, LOG_RESIDENT, LOG_WAITING, LOG_ARRIVED, LOG_FINISHED,
+ LOG_CAPACITY_LEFT) = range(len(LOG_COLUMNS))
 
 #: the run's counters, carried across kernel calls (Python reads them between calls)
 STATE = np.dtype([
@@ -57,6 +61,7 @@ BATCH = np.dtype([
     ("carried", np.int64), ("carried_chunk", np.int64), ("waiting", np.int64),
     ("n_admit", np.int64), ("n_first", np.int64), ("prefill_tokens", np.int64), ("prefill_sq", np.int64),
     ("context", np.int64), ("n_done", np.int64),
+    ("n_released", np.int64),       # closed loop: rows its completions submitted (at its end)
     ("start", np.float64), ("duration", np.float64),
 ])
 
@@ -104,6 +109,8 @@ class Work(NamedTuple):
     rekey: np.ndarray        # rows Python re-estimated (STATE.n_rekey of them)
     fb_rows: np.ndarray      # finished rows awaiting feedback
     fb_ends: np.ndarray      # ... grouped by the step they finished in
+    log_times: np.ndarray    # the step log (record_steps): per step, start and duration (float64, steps x 2)
+    log_counts: np.ndarray   # ... and the LOG_COLUMNS (int64, steps x 9); 0 rows without a log
 
 
 class Settings(NamedTuple):
@@ -136,6 +143,7 @@ class Settings(NamedTuple):
     feedback_batch: int      # finished rows per feedback call (0: no feedback)
     refresh_every: int       # decode-time refresh every k tokens (0: none)
     after_prefill: bool      # an arrival-stage predictor observes the prefill (TRAIL's probe)
+    record_steps: bool       # keep the step log (Work.log_times, Work.log_counts)
 
 
 def new_record(dtype: np.dtype) -> np.ndarray:

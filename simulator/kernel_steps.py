@@ -11,9 +11,11 @@ counters ``st`` and step ``b`` (:mod:`simulator.kernel_layout`). Plain Python th
 
 from __future__ import annotations
 
+from policies.trail_preemption import LOCKED_KEY
 from simulator.kernel_float import _pairwise
 from simulator.kernel_layout import KEY_ROW, PRED_NONE, PRED_PREFILL, PRED_STATIC
 from simulator.kernel_order import (
+    _before,
     _heap_pop,
     _heap_push,
     _key,
@@ -51,10 +53,11 @@ def _starving(t, s, now, j):
 
 def _rank(t, w, s, st, candidates, n_cand, at, k, skip_starving):
     """policies.selection.rank: the first ``k`` of ``candidates[:n_cand]`` by the policy's decode
-    keys, into ``chosen[at:at + k]``. Row order (FCFS); else TRAIL's locked rows first (row order)
-    then the (key, row) order of every resident (``ord_rows``), skipping the starving (not among
-    the candidates) and the locked already in; SSJF's override, when its first row starves: row
-    (arrival) order. True when the choice is that order's prefix."""
+    keys, into ``chosen[at:at + k]``. Row order (FCFS); else the (key, row) order of every resident
+    (``ord_rows``), skipping the starving (not among the candidates), with TRAIL's locked rows at
+    its ``LOCKED_KEY`` (first, whatever a rank predictor's scores are: only a key of -inf ties with
+    it) merged in; SSJF's override, when its first row starves: row (arrival) order. True when the
+    choice is that order's prefix."""
     chosen, step = w.chosen, st.step
     if s.keys_on == KEY_ROW or (s.starvation_override and n_cand and _starving(t, s, st.now, candidates[0])):
         for j in range(k):
@@ -65,14 +68,15 @@ def _rank(t, w, s, st, candidates, n_cand, at, k, skip_starving):
         for j in range(k):
             chosen[at + j] = w.ord_rows[j]
         return True
-    m = 0
-    if lock:
-        for j in range(n_cand):
-            if m < k and _locked(candidates[j], step, s.lock_after, t.last_served, t.generated, t.first_predicted):
-                chosen[at + m] = candidates[j]
-                m += 1
-    i = 0
+    # the locked candidates (key LOCKED_KEY, row order) merged into the (key, row) order of the rest
+    m, i = 0, 0
+    held = _next_locked(t, s, step, candidates, n_cand, 0) if lock else n_cand
     while m < k:
+        if held < n_cand and (i >= st.n_res or _before(LOCKED_KEY, candidates[held], w.ord_keys[i], w.ord_rows[i])):
+            chosen[at + m] = candidates[held]
+            m += 1
+            held = _next_locked(t, s, step, candidates, n_cand, held + 1)
+            continue
         r = w.ord_rows[i]
         i += 1
         if skip_starving and step - t.last_served[r] > s.wait_cap:
@@ -82,6 +86,14 @@ def _rank(t, w, s, st, candidates, n_cand, at, k, skip_starving):
         chosen[at + m] = r
         m += 1
     return False
+
+
+def _next_locked(t, s, step, candidates, n_cand, j):
+    """The index of the first locked row of ``candidates[j:n_cand]`` (``n_cand``: none)."""
+    while j < n_cand and not _locked(candidates[j], step, s.lock_after, t.last_served, t.generated,
+                                     t.first_predicted):
+        j += 1
+    return j
 
 
 def _choose_decodes(t, w, s, st, b):
@@ -340,11 +352,13 @@ def _retire(t, w, st, b, end):
         n_res += n_new
     st.n_res = n_res
     n = t.arrival.shape[0]
+    b.n_released = 0
     if st.released < n and b.n_done:
         fresh = min(b.n_done, n - st.released)
         for j in range(st.released, st.released + fresh):
             t.arrival[j] = end
         st.released += fresh
+        b.n_released = fresh
 
 
 def _reorder(t, w, s, st, b, n_before):
@@ -409,5 +423,5 @@ def _python_due(t, w, s, st, b):
     return prefill or refresh or fb_due
 
 
-JITTED = ("_score_arrivals", "_starving", "_rank", "_choose_decodes", "_admit", "_prefill", "_compose", "_note_decodes",
+JITTED = ("_score_arrivals", "_starving", "_rank", "_next_locked", "_choose_decodes", "_admit", "_prefill", "_compose", "_note_decodes",
           "_finish", "_land", "_retire", "_reorder", "_python_due")

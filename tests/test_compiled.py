@@ -278,8 +278,6 @@ def test_compiled_matches_reference_with_refreshing_predictors(case, every, stag
     output = "rank" if case.seed % 3 == 0 and case.policy != "trail-preemption" else "length"
     case.chunked_prefill = case.seed % 5 == 0
     case.decodes_in_budget = case.seed % 7 == 0
-    if stage == "prefill":
-        case.closed_loop = None
     profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
     ref = simulate(case, "reference", profile, Refreshing(case.fixed, output, every, stage))
     assert_identical(ref, simulate(case, "compiled", profile, Refreshing(case.fixed, output, every, stage)))
@@ -430,7 +428,8 @@ def test_unsupported_configuration_says_so_and_uses_the_reference(capsys):
     from simulator.compiled import note_fallback
 
     note_fallback.cache_clear()
-    config = RunConfig(trace="sharegpt-lengths", predictor="oracle", policy="aging", load=1.0, requests=200)
+    config = RunConfig(trace="sharegpt-lengths", predictor="oracle", policy="aging", load=1.0, requests=200,
+                       kernel="reference")
     ref_summary, ref = execute(prepare(config))
     comp_summary, comp = execute(prepare(dataclasses.replace(config, kernel="compiled")))
     assert "--kernel compiled: policy 'aging' is not compiled" in capsys.readouterr().err
@@ -449,7 +448,8 @@ def test_without_numba_compiled_runs_the_reference(monkeypatch, capsys):
 
     monkeypatch.setattr(compiled, "load_kernel", lambda: None)
     compiled.note_fallback.cache_clear()
-    config = RunConfig(trace="sharegpt-lengths", predictor="oracle", policy="countdown", load=1.0, requests=200)
+    config = RunConfig(trace="sharegpt-lengths", predictor="oracle", policy="countdown", load=1.0, requests=200,
+                       kernel="reference")
     _, ref = execute(prepare(config))
     _, comp = execute(prepare(dataclasses.replace(config, kernel="compiled")))
     assert "--kernel compiled: numba is not installed (or does not load); this run uses the reference engine" \
