@@ -8,7 +8,8 @@ rows arrive, prefill-stage predictors predicted in Python after each prefilling 
 fixed per row at bind time, frozen ``leap`` and ``egtp``, are published in compiled code instead:
 :mod:`simulator.kernel_estimates`), re-estimates
 after prefill and during decode (TRAIL, LEAP with refresh) made in Python after the step that
-calls for them, and online learning (LEAP+RLS): the kernel buffers finished rows until a feedback
+calls for them (TRAIL's arrival scores, prefill probe and refreshes in compiled code instead:
+:mod:`simulator.kernel_trail`), and online learning (LEAP+RLS): the kernel buffers finished rows until a feedback
 batch is due, Python runs the predictor's feedback, and the CPU worker's publishes fire between
 compiled steps. Policies FCFS, countdown and TRAIL's limited preemption (locked rows first, by a
 scan of the residents), SSJF's starvation override (a starving decision by arrival); the
@@ -62,6 +63,7 @@ from simulator.kernel_layout import (
     new_record,
     record,
 )
+from simulator.kernel_trail import advance_trail, compiled_trail
 from simulator.prediction import refresh_due
 
 KERNELS = ("reference", "compiled")
@@ -167,6 +169,7 @@ class CompiledRun:
         self.st.next_event = np.inf
         self.kernel_args = (self.rows, self.work, self.settings, self.state, self.batch)
         self.publishing = self._fixed_estimates_publisher(sim)
+        self.trail = compiled_trail(self, sim)   # TRAIL's Python stops done in compiled code
         self.advance(0)   # compiles the kernel or loads it from the cache, before the run's clock starts
 
     def _work_arrays(self, n: int) -> Work:
@@ -222,6 +225,8 @@ class CompiledRun:
         return np.ascontiguousarray(fixed, dtype=np.float64), cost
 
     def advance(self, max_steps: int) -> int:
+        if self.trail is not None:
+            return advance_trail(self, max_steps, self.trail)
         if self.publishing is None:
             return int(load_kernel()(max_steps, *self.kernel_args))
         estimates, cost = self.publishing
