@@ -11,7 +11,8 @@ after prefill and during decode (TRAIL, LEAP with refresh) made in Python after 
 calls for them (TRAIL's arrival scores, prefill probe and refreshes in compiled code instead:
 :mod:`simulator.kernel_trail`), and online learning (LEAP+RLS): the kernel buffers finished rows until a feedback
 batch is due, Python runs the predictor's feedback, and the CPU worker's publishes fire between
-compiled steps. Policies FCFS, countdown and TRAIL's limited preemption (locked rows first, by a
+compiled steps (LEAP+RLS's prefill estimates from the live weights made in compiled code:
+:mod:`simulator.kernel_online`). Policies FCFS, countdown and TRAIL's limited preemption (locked rows first, by a
 scan of the residents), SSJF's starvation override (a starving decision by arrival); the
 roofline / fitted / unit profiles; chunked prefill and closed loop included (not a prefill-stage
 predictor in a closed loop); no step logs. Anything else (aging, LTR's starvation rule) runs on
@@ -63,6 +64,7 @@ from simulator.kernel_layout import (
     new_record,
     record,
 )
+from simulator.kernel_online import advance_online, compiled_online
 from simulator.kernel_trail import advance_trail, compiled_trail
 from simulator.prediction import refresh_due
 
@@ -170,6 +172,7 @@ class CompiledRun:
         self.kernel_args = (self.rows, self.work, self.settings, self.state, self.batch)
         self.publishing = self._fixed_estimates_publisher(sim)
         self.trail = compiled_trail(self, sim)   # TRAIL's Python stops done in compiled code
+        self.online = compiled_online(self, sim) if self.fb_batch else None   # LEAP+RLS's prefill estimates
         self.advance(0)   # compiles the kernel or loads it from the cache, before the run's clock starts
 
     def _work_arrays(self, n: int) -> Work:
@@ -227,6 +230,8 @@ class CompiledRun:
     def advance(self, max_steps: int) -> int:
         if self.trail is not None:
             return advance_trail(self, max_steps, self.trail)
+        if self.online is not None:
+            return advance_online(self, max_steps, self.online)
         if self.publishing is None:
             return int(load_kernel()(max_steps, *self.kernel_args))
         estimates, cost = self.publishing
