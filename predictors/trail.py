@@ -38,7 +38,9 @@ evidence is counted twice). The prefill observation (the serving model's prefill
 :meth:`Trail.after_prefill`, which the engine calls after the prefill step; the probe's GPU time
 for it is charged like a refresh.
 Without a decode side table (or with ``PredictorOptions.refresh = False``) TRAIL keeps the prompt
-prior and counts down.
+prior and counts down. The per-request rules (smoothing, estimate, observations) are
+:mod:`predictors.trail_rule`, which the compiled kernel calls too; the probe's bin probabilities of
+every prefill state and recorded decode vector are computed once at bind, in batches.
 
 Scheduler: TRAIL is SPRPT on this estimate (``countdown``); its limited preemption (c = 0.8) is the
 policy ``trail-preemption``.
