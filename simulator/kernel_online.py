@@ -76,8 +76,15 @@ def load_online_kernel():
         return None
     import numba
 
+    from simulator.kernel_trail import wrapper_cache_folder
+
     _kernel, _publish_fixed = kernel, kernel_estimates._publish_fixed   # the jitted publish
-    return numba.njit(nogil=True, _nrt=False)(_run_publishing_online)
+    saved = numba.config.CACHE_DIR
+    numba.config.CACHE_DIR = wrapper_cache_folder(__name__, "predictors.leap.online_rule", "simulator.kernel_estimates")
+    try:   # cached across processes, in a folder named by its sources and its rule's
+        return numba.njit(nogil=True, _nrt=False, cache=True)(_run_publishing_online)
+    finally:
+        numba.config.CACHE_DIR = saved
 
 
 def advance_online(run, max_steps: int, online: tuple) -> int:

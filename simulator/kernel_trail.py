@@ -141,10 +141,29 @@ def load_trail_kernel():
     import numba
 
     _kernel = kernel
-    bare = numba.njit(nogil=True, _nrt=False)   # as the kernel: no reference counts (it allocates nothing)
-    _set_rows, _score_arrivals_trail, _after_step_trail = (
-        bare(_set_rows), bare(_score_arrivals_trail), bare(_after_step_trail))
-    return bare(_run_trail)
+    saved, numba.config.CACHE_DIR = numba.config.CACHE_DIR, wrapper_cache_folder(__name__, "predictors.trail_rule")
+    try:   # as the kernel: no reference counts (it allocates nothing); cached across processes
+        bare = numba.njit(nogil=True, _nrt=False, cache=True)
+        _set_rows, _score_arrivals_trail, _after_step_trail = (
+            bare(_set_rows), bare(_score_arrivals_trail), bare(_after_step_trail))
+        return bare(_run_trail)
+    finally:
+        numba.config.CACHE_DIR = saved
+
+
+def wrapper_cache_folder(*modules: str) -> str:
+    """numba's cache folder for a wrapper around the kernel: the kernel's folder, then one named by
+    the wrapper's and its rules' sources (numba re-validates a cached function by its own file only,
+    so a changed rule or kernel leads to another folder)."""
+    import hashlib
+    import importlib
+    import os
+    from pathlib import Path
+
+    from simulator.kernel import numba_cache_folder
+
+    digest = hashlib.sha256(b"".join(Path(importlib.import_module(m).__file__ or "").read_bytes() for m in modules))
+    return os.path.join(numba_cache_folder(), f"wrapper-{digest.hexdigest()[:12]}")
 
 
 def advance_trail(run, max_steps: int, trail: tuple) -> int:
