@@ -8,9 +8,11 @@ rows arrive, prefill-stage predictors predicted in Python after each prefilling 
 fixed per row at bind time, frozen ``leap`` and ``egtp``, are published in compiled code instead:
 :mod:`simulator.kernel_estimates`), re-estimates
 after prefill and during decode (TRAIL, LEAP with refresh) made in Python after the step that
-calls for them, and online learning (LEAP+RLS): the kernel buffers finished rows until a feedback
+calls for them (TRAIL's arrival scores, prefill probe and refreshes in compiled code instead:
+:mod:`simulator.kernel_trail`), and online learning (LEAP+RLS): the kernel buffers finished rows until a feedback
 batch is due, Python runs the predictor's feedback, and the CPU worker's publishes fire between
-compiled steps. Policies FCFS, countdown and TRAIL's limited preemption (its locked rows merged
+compiled steps (LEAP+RLS's prefill estimates from the live weights made in compiled code:
+:mod:`simulator.kernel_online`). Policies FCFS, countdown and TRAIL's limited preemption (its locked rows merged
 into the (key, row) order at their key, -inf: first whatever a rank predictor's scores are),
 SSJF's starvation override (a starving decision by arrival); the roofline / fitted / unit
 profiles; chunked prefill, the KV budget, the step clock and closed loop included, with every
@@ -69,6 +71,8 @@ from simulator.kernel_layout import (
     new_record,
     record,
 )
+from simulator.kernel_online import advance_online, compiled_online
+from simulator.kernel_trail import advance_trail, compiled_trail
 from simulator.prediction import refresh_due
 
 KERNELS = ("reference", "compiled")
@@ -170,6 +174,8 @@ class CompiledRun:
         self.st.next_event = np.inf
         self.kernel_args = (self.rows, self.work, self.settings, self.state, self.batch)
         self.publishing = self._fixed_estimates_publisher(sim)
+        self.trail = compiled_trail(self, sim)   # TRAIL's Python stops done in compiled code
+        self.online = compiled_online(self, sim) if self.fb_batch else None   # LEAP+RLS's prefill estimates
         self.advance(0)   # compiles the kernel or loads it from the cache, before the run's clock starts
 
     def _work_arrays(self, n: int) -> Work:
@@ -230,6 +236,10 @@ class CompiledRun:
         if self.settings.record_steps:
             self.work = with_room(self.work, self.steps + max_steps)
             self.kernel_args = (self.rows, self.work, self.settings, self.state, self.batch)
+        if self.trail is not None:
+            return advance_trail(self, max_steps, self.trail)
+        if self.online is not None:
+            return advance_online(self, max_steps, self.online)
         if self.publishing is None:
             return int(load_kernel()(max_steps, *self.kernel_args))
         estimates, cost = self.publishing
