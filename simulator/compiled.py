@@ -92,7 +92,7 @@ def unsupported(sim) -> str | None:
         return f"policy {sim.policy.name!r} is not compiled ({compiled} are)"
     p = sim.predictor
     if not form.rank_predictors and p is not None and p.output == "rank":
-        return f"{sim.policy.name} with a rank predictor is not compiled (its locked key -1 need not sort first)"
+        return f"{sim.policy.name} with a rank predictor is not compiled (its compiled form takes no rank scores)"
     if sim.profile.compiled_coefficients() is None:
         return f"engine profile {sim.profile.name!r} is not compiled"
     return None
