@@ -10,12 +10,15 @@ fixed per row at bind time, frozen ``leap`` and ``egtp``, are published in compi
 after prefill and during decode (TRAIL, LEAP with refresh) made in Python after the step that
 calls for them, and online learning (LEAP+RLS): the kernel buffers finished rows until a feedback
 batch is due, Python runs the predictor's feedback, and the CPU worker's publishes fire between
-compiled steps. Policies FCFS, countdown and TRAIL's limited preemption (locked rows first, by a
-scan of the residents), SSJF's starvation override (a starving decision by arrival); the
+compiled steps. Every registered policy: FCFS, countdown and TRAIL's limited preemption (locked
+rows first, by a scan of the residents), SSJF's starvation override (a starving decision by
+arrival), aging (keys re-made when its clock ticks) and LTR's starvation rule (its per-row state
+updated at the calls the reference makes; both :mod:`simulator.kernel_policies`); the
 roofline / fitted / unit profiles; chunked prefill and closed loop included (not a prefill-stage
-predictor in a closed loop); no step logs. Anything else (aging, LTR's starvation rule) runs on
-the reference engine, and :func:`unsupported` says why. Without numba the compiled kernel is unavailable
-and every run uses the reference engine (the pure-numpy path).
+predictor in a closed loop); no step logs. Anything else (a policy without a compiled form, TRAIL's
+preemption with a rank predictor) runs on the reference engine, and :func:`unsupported` says why.
+Without numba the compiled kernel is unavailable and every run uses the reference engine (the
+pure-numpy path).
 
 Events between steps (an estimate ready after its step ended, an online update's publish) keep
 SimPy's order: by time, then creation. The kernel counts the step loop's timeouts (steps and idle
@@ -157,7 +160,7 @@ class CompiledRun:
                          table.last_served, table.forced_steps, table.admitted, table.admit_s, table.first_token_s,
                          table.finish_s, table.admit_step, table.first_token_step, table.finish_step,
                          table.first_predicted, table.ready_s, table.prefilled)
-        self.work = self._work_arrays(n)
+        self.work = self._work_arrays(n, sim.policy)
         self.settings = self._settings(sim)
         self.state, self.batch = new_record(STATE), new_record(BATCH)   # what the kernel takes
         self.st, self.last = record(self.state), record(self.batch)     # Python's named view of them
@@ -169,10 +172,15 @@ class CompiledRun:
         self.publishing = self._fixed_estimates_publisher(sim)
         self.advance(0)   # compiles the kernel or loads it from the cache, before the run's clock starts
 
-    def _work_arrays(self, n: int) -> Work:
+    def _work_arrays(self, n: int, policy) -> Work:
         """The kernel's working arrays, sized once for the run (written in place every call)."""
         width = max(self.cfg.max_resident, self.cfg.decode_slots) + 1
         rows, wide = max(n, 1), np.empty(width, dtype=np.int64)
+        # LTR's per-row state: the policy's own arrays, reset for this run (so both kernels end with it)
+        no_state = np.empty(0, dtype=np.int64)
+        promotes = policy.compiled_form().promote_after_idle is not None
+        runs_left, served_seen, first_waiting = ((policy.runs_left, policy.served_seen, policy.first_waiting)
+                                                 if promotes else (no_state, no_state, no_state))
         return Work(resident=wide, ord_rows=np.empty(width + 1, dtype=np.int64),
                     ord_keys=np.empty(width + 1, dtype=np.float64),
                     lru_prev=np.empty(rows, dtype=np.int64), lru_next=np.empty(rows, dtype=np.int64),
@@ -181,7 +189,8 @@ class CompiledRun:
                     firsts=np.empty(width + 1, dtype=np.int64), done_rows=np.empty(2 * width + 2, dtype=np.int64),
                     scratch=np.empty(width, dtype=np.int64), err=np.empty(width, dtype=np.float64),
                     pair_stack=np.zeros((3, 64), dtype=np.int64), pair_sums=np.empty(64, dtype=np.float64),
-                    rekey=self.rekey, fb_rows=np.empty(rows, dtype=np.int64), fb_ends=np.empty(rows, dtype=np.int64))
+                    rekey=self.rekey, fb_rows=np.empty(rows, dtype=np.int64), fb_ends=np.empty(rows, dtype=np.int64),
+                    runs_left=runs_left, served_seen=served_seen, first_waiting=first_waiting)
 
     def _settings(self, sim) -> Settings:
         """The run's fixed settings as the kernel reads them (the policy's and profile's declared forms)."""
@@ -207,7 +216,10 @@ class CompiledRun:
             charge_per_request=float(cost.gpu_s_per_request) if cost is not None else 0.0,
             charge_per_prompt_token=float(cost.gpu_s_per_prompt_token) if cost is not None else 0.0,
             feedback_batch=int(self.fb_batch), refresh_every=int(self.refresh_every),
-            after_prefill=bool(self.after_prefill))
+            after_prefill=bool(self.after_prefill), aging=form.aging_log_rate is not None,
+            aging_log_rate=float(form.aging_log_rate or 0.0), aging_every_s=float(form.aging_every_s),
+            promotes=form.promote_after_idle is not None, promote_after_idle=int(form.promote_after_idle or 0),
+            promoted_runs=int(form.promoted_runs))
 
     def _fixed_estimates_publisher(self, sim) -> tuple | None:
         """(estimates, cost) for :mod:`simulator.kernel_estimates` when a prefill-stage predictor's

@@ -33,11 +33,9 @@ def _before(ka, ra, kb, rb):
     return ka < kb or (ka == kb and ra < rb)
 
 
-def _rekey_sort(ord_keys, ord_rows, n, keys_on, predicted, generated):
-    """Re-key ``ord_rows[:n]`` and restore its (key, row) order by insertion sort: near linear when
-    the keys moved little (a decoded prefix, an online update's small shift)."""
-    for i in range(n):
-        ord_keys[i] = _key(ord_rows[i], keys_on, predicted, generated)
+def _insertion_sort(ord_keys, ord_rows, n):
+    """Restore the (key, row) order of ``ord_rows[:n]`` after its keys moved: near linear when they
+    moved little (a decoded prefix, an online update's small shift, an aging clock's tick)."""
     for a in range(1, n):
         kr, rr = ord_keys[a], ord_rows[a]
         b = a - 1
@@ -85,9 +83,8 @@ def _lru_remove(r, lru_prev, lru_next, head, tail):
     return head, tail
 
 
-def _heap_push(hk, hr, size, key, row):
-    i = size
-    hk[i], hr[i] = key, row
+def _sift_up(hk, hr, i):
+    """Move entry ``i`` of a min-heap by (key, row) up to its place."""
     while i > 0:
         parent = (i - 1) // 2
         if _before(hk[i], hr[i], hk[parent], hr[parent]):
@@ -96,14 +93,10 @@ def _heap_push(hk, hr, size, key, row):
             i = parent
         else:
             break
-    return size + 1
 
 
-def _heap_pop(hk, hr, size):
-    """Remove the root of a min-heap by (key, row); returns the new size."""
-    size -= 1
-    hk[0], hr[0] = hk[size], hr[size]
-    i = 0
+def _sift_down(hk, hr, size, i):
+    """Move entry ``i`` of a min-heap by (key, row) of ``size`` entries down to its place."""
     while True:
         left = 2 * i + 1
         if left >= size:
@@ -117,8 +110,27 @@ def _heap_pop(hk, hr, size):
             i = child
         else:
             break
+
+
+def _heap_push(hk, hr, size, key, row):
+    hk[size], hr[size] = key, row
+    _sift_up(hk, hr, size)
+    return size + 1
+
+
+def _heap_pop(hk, hr, size):
+    """Remove the root of a min-heap by (key, row); returns the new size."""
+    size -= 1
+    hk[0], hr[0] = hk[size], hr[size]
+    _sift_down(hk, hr, size, 0)
     return size
 
 
+def _heapify(hk, hr, size):
+    """Restore the heap after its keys changed (an aging clock's tick re-keys every waiting row)."""
+    for i in range(size // 2 - 1, -1, -1):
+        _sift_down(hk, hr, size, i)
 
-JITTED = ("_key", "_locked", "_before", "_rekey_sort", "_ord_insert", "_lru_append", "_lru_remove", "_heap_push", "_heap_pop")
+
+JITTED = ("_key", "_locked", "_before", "_insertion_sort", "_ord_insert", "_lru_append", "_lru_remove", "_sift_up",
+          "_sift_down", "_heap_push", "_heap_pop", "_heapify")
