@@ -41,7 +41,7 @@ from simulator.kernel_layout import (
     STALLED,
 )
 from simulator.kernel_order import _ord_insert
-from simulator.kernel_policies import _decode_key, _rekey_sort
+from simulator.kernel_policies import _decode_key, _policy_rekey_sort
 from simulator.kernel_steps import (
     _compose,
     _land,
@@ -62,7 +62,7 @@ def _take_estimates(t, w, s, st):
     within the (key, row) order; many at once (an online update re-scores every resident): re-key
     all and re-sort (keys move little, so the insertion sort is near linear)."""
     if s.keys_on != KEY_ROW and st.n_rekey > REKEY_RESORT:
-        _rekey_sort(t, w, s, st, st.n_res)
+        _policy_rekey_sort(t, w, s, st, st.n_res)
     elif s.keys_on != KEY_ROW:
         n_res = st.n_res
         for j in range(st.n_rekey):
@@ -186,7 +186,7 @@ def load_kernel():
         plain = {name: getattr(m, name) for m in modules for name in m.JITTED}
         inline = numba.njit(nogil=True, cache=True, _nrt=False, inline="always")
         steps = {*importlib.import_module("simulator.kernel_steps").JITTED,
-                 *importlib.import_module("simulator.kernel_policies").JITTED, *JITTED}
+                 *importlib.import_module("simulator.kernel_policies").INLINED, *JITTED}
         jitted = {name: (inline if name in steps else jit)(fn) for name, fn in plain.items()}
         for m in modules:
             for name, fn in plain.items():

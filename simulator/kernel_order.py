@@ -33,6 +33,20 @@ def _before(ka, ra, kb, rb):
     return ka < kb or (ka == kb and ra < rb)
 
 
+def _rekey_sort(ord_keys, ord_rows, n, keys_on, predicted, generated):
+    """Re-key ``ord_rows[:n]`` and restore its (key, row) order by insertion sort: near linear when
+    the keys moved little (a decoded prefix, an online update's small shift)."""
+    for i in range(n):
+        ord_keys[i] = _key(ord_rows[i], keys_on, predicted, generated)
+    for a in range(1, n):
+        kr, rr = ord_keys[a], ord_rows[a]
+        b = a - 1
+        while b >= 0 and _before(kr, rr, ord_keys[b], ord_rows[b]):
+            ord_keys[b + 1], ord_rows[b + 1] = ord_keys[b], ord_rows[b]
+            b -= 1
+        ord_keys[b + 1], ord_rows[b + 1] = kr, rr
+
+
 def _insertion_sort(ord_keys, ord_rows, n):
     """Restore the (key, row) order of ``ord_rows[:n]`` after its keys moved: near linear when they
     moved little (a decoded prefix, an online update's small shift, an aging clock's tick)."""
@@ -113,8 +127,16 @@ def _sift_down(hk, hr, size, i):
 
 
 def _heap_push(hk, hr, size, key, row):
-    hk[size], hr[size] = key, row
-    _sift_up(hk, hr, size)
+    i = size
+    hk[i], hr[i] = key, row
+    while i > 0:
+        parent = (i - 1) // 2
+        if _before(hk[i], hr[i], hk[parent], hr[parent]):
+            hk[i], hk[parent] = hk[parent], hk[i]
+            hr[i], hr[parent] = hr[parent], hr[i]
+            i = parent
+        else:
+            break
     return size + 1
 
 
@@ -122,7 +144,20 @@ def _heap_pop(hk, hr, size):
     """Remove the root of a min-heap by (key, row); returns the new size."""
     size -= 1
     hk[0], hr[0] = hk[size], hr[size]
-    _sift_down(hk, hr, size, 0)
+    i = 0
+    while True:
+        left = 2 * i + 1
+        if left >= size:
+            break
+        child = left
+        if left + 1 < size and _before(hk[left + 1], hr[left + 1], hk[left], hr[left]):
+            child = left + 1
+        if _before(hk[child], hr[child], hk[i], hr[i]):
+            hk[i], hk[child] = hk[child], hk[i]
+            hr[i], hr[child] = hr[child], hr[i]
+            i = child
+        else:
+            break
     return size
 
 
@@ -132,5 +167,5 @@ def _heapify(hk, hr, size):
         _sift_down(hk, hr, size, i)
 
 
-JITTED = ("_key", "_locked", "_before", "_insertion_sort", "_ord_insert", "_lru_append", "_lru_remove", "_sift_up",
+JITTED = ("_key", "_locked", "_before", "_rekey_sort", "_insertion_sort", "_ord_insert", "_lru_append", "_lru_remove", "_sift_up",
           "_sift_down", "_heap_push", "_heap_pop", "_heapify")

@@ -16,11 +16,12 @@ from simulator.kernel_layout import KEY_ROW, PRED_NONE, PRED_PREFILL, PRED_STATI
 from simulator.kernel_order import _heap_pop, _heap_push, _locked, _lru_append, _lru_remove, _ord_insert
 from simulator.kernel_policies import (
     _admission_key,
+    _aging_clock,
     _aging_tick,
     _decode_key,
     _ltr_admission_keys,
     _ltr_decode_keys,
-    _rekey_sort,
+    _policy_rekey_sort,
 )
 
 
@@ -227,8 +228,8 @@ def _compose(t, w, s, st, b):
     """Scheduler.compose: decode choice, the prefill budget left (a carried chunk first), admission,
     prefill, the decodes' context. False when the step would make no progress (SimulationStalled:
     ``stall_ready`` / ``stall_waiting`` say why, a carried row as ``-1 - row``)."""
-    if s.aging:
-        _aging_tick(t, w, s, st)
+    if s.aging and _aging_clock(st.now, s.aging_every_s) != st.aging_clock:
+        _aging_tick(t, w, s, st, _aging_clock(st.now, s.aging_every_s))
     _choose_decodes(t, w, s, st, b)
     budget = s.prefill_budget - (b.n_chosen if s.decodes_in_budget else 0)
     carried, chunk_c = st.partial, 0
@@ -375,7 +376,7 @@ def _reorder(t, w, s, st, b, n_before):
         return
     n_ord = n_before
     # keys only fall, and only in the decoded prefix (all rows where the choice was not a prefix)
-    _rekey_sort(t, w, s, st, min(b.ord_dirty, n_ord))
+    _policy_rekey_sort(t, w, s, st, min(b.ord_dirty, n_ord))
     if b.n_done:
         m = 0
         for i in range(n_ord):
