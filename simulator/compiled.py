@@ -14,7 +14,9 @@ batch is due, Python runs the predictor's feedback, and the CPU worker's publish
 compiled steps (LEAP+RLS's prefill estimates from the live weights made in compiled code:
 :mod:`simulator.kernel_online`). Policies FCFS, countdown and TRAIL's limited preemption (its locked rows merged
 into the (key, row) order at their key, -inf: first whatever a rank predictor's scores are),
-SSJF's starvation override (a starving decision by arrival); the roofline / fitted / unit
+SSJF's starvation override (a starving decision by arrival), aging (keys re-made when its clock
+ticks) and LTR's starvation rule (its per-row state updated at the calls the reference makes; both
+:mod:`simulator.kernel_policies`); the roofline / fitted / unit
 profiles; chunked prefill, the KV budget, the step clock and closed loop included, with every
 predictor; the step log (``record_steps``: :mod:`simulator.kernel_log`, grown and read back in
 :mod:`simulator.compiled_log`). It is ``simulate``'s default kernel. A policy without a compiled
@@ -164,7 +166,7 @@ class CompiledRun:
                          table.last_served, table.forced_steps, table.admitted, table.admit_s, table.first_token_s,
                          table.finish_s, table.admit_step, table.first_token_step, table.finish_step,
                          table.first_predicted, table.ready_s, table.prefilled)
-        self.work = self._work_arrays(n)
+        self.work = self._work_arrays(n, sim.policy)
         self.settings = self._settings(sim)
         self.state, self.batch = new_record(STATE), new_record(BATCH)   # what the kernel takes
         self.st, self.last = record(self.state), record(self.batch)     # Python's named view of them
@@ -178,10 +180,15 @@ class CompiledRun:
         self.online = compiled_online(self, sim) if self.fb_batch else None   # LEAP+RLS's prefill estimates
         self.advance(0)   # compiles the kernel or loads it from the cache, before the run's clock starts
 
-    def _work_arrays(self, n: int) -> Work:
+    def _work_arrays(self, n: int, policy) -> Work:
         """The kernel's working arrays, sized once for the run (written in place every call)."""
         width = max(self.cfg.max_resident, self.cfg.decode_slots) + 1
         rows, wide = max(n, 1), np.empty(width, dtype=np.int64)
+        # LTR's per-row state: the policy's own arrays, reset for this run (so both kernels end with it)
+        no_state = np.empty(0, dtype=np.int64)
+        promotes = policy.compiled_form().promote_after_idle is not None
+        runs_left, served_seen, first_waiting = ((policy.runs_left, policy.served_seen, policy.first_waiting)
+                                                 if promotes else (no_state, no_state, no_state))
         return Work(resident=wide, ord_rows=np.empty(width + 1, dtype=np.int64),
                     ord_keys=np.empty(width + 1, dtype=np.float64),
                     lru_prev=np.empty(rows, dtype=np.int64), lru_next=np.empty(rows, dtype=np.int64),
@@ -191,7 +198,7 @@ class CompiledRun:
                     scratch=np.empty(width, dtype=np.int64), err=np.empty(width, dtype=np.float64),
                     pair_stack=np.zeros((3, 64), dtype=np.int64), pair_sums=np.empty(64, dtype=np.float64),
                     rekey=self.rekey, fb_rows=np.empty(rows, dtype=np.int64), fb_ends=np.empty(rows, dtype=np.int64),
-                    **no_log())
+                    runs_left=runs_left, served_seen=served_seen, first_waiting=first_waiting, **no_log())
 
     def _settings(self, sim) -> Settings:
         """The run's fixed settings as the kernel reads them (the policy's and profile's declared forms)."""
@@ -217,7 +224,10 @@ class CompiledRun:
             charge_per_request=float(cost.gpu_s_per_request) if cost is not None else 0.0,
             charge_per_prompt_token=float(cost.gpu_s_per_prompt_token) if cost is not None else 0.0,
             feedback_batch=int(self.fb_batch), refresh_every=int(self.refresh_every),
-            after_prefill=bool(self.after_prefill), record_steps=bool(sim.record_steps))
+            after_prefill=bool(self.after_prefill), aging=form.aging_log_rate is not None,
+            aging_log_rate=float(form.aging_log_rate or 0.0), aging_every_s=float(form.aging_every_s),
+            promotes=form.promote_after_idle is not None, promote_after_idle=int(form.promote_after_idle or 0),
+            promoted_runs=int(form.promoted_runs), record_steps=bool(sim.record_steps))
 
     def _fixed_estimates_publisher(self, sim) -> tuple | None:
         """(estimates, cost) for :mod:`simulator.kernel_estimates` when a prefill-stage predictor's

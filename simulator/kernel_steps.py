@@ -14,16 +14,15 @@ from __future__ import annotations
 from policies.trail_preemption import LOCKED_KEY
 from simulator.kernel_float import _pairwise
 from simulator.kernel_layout import KEY_ROW, PRED_NONE, PRED_PREFILL, PRED_STATIC
-from simulator.kernel_order import (
-    _before,
-    _heap_pop,
-    _heap_push,
-    _key,
-    _locked,
-    _lru_append,
-    _lru_remove,
-    _ord_insert,
-    _rekey_sort,
+from simulator.kernel_order import _before, _heap_pop, _heap_push, _locked, _lru_append, _lru_remove, _ord_insert
+from simulator.kernel_policies import (
+    _admission_key,
+    _aging_clock,
+    _aging_tick,
+    _decode_key,
+    _ltr_admission_keys,
+    _ltr_decode_keys,
+    _policy_rekey_sort,
 )
 
 
@@ -36,7 +35,7 @@ def _score_arrivals(t, w, s, st):
             t.first_predicted[r] = t.predicted[r]
             t.ready_s[r] = st.now
         if s.pred_mode != PRED_NONE and s.ordered:
-            st.heap = _heap_push(w.heap_keys, w.heap_rows, st.heap, t.predicted[r], r)
+            st.heap = _heap_push(w.heap_keys, w.heap_rows, st.heap, _admission_key(r, t, w, s, st), r)
         st.scored = r + 1
 
 
@@ -128,9 +127,13 @@ def _choose_decodes(t, w, s, st, b):
         b.n_chosen, b.n_forced = slots, slots
     elif n_forced:
         k = min(slots - n_forced, n_other)
+        if s.promotes:   # the policy is asked for the keys of the rows not forced
+            _ltr_decode_keys(t, w, s, st, w.scratch, n_other)
         _rank(t, w, s, st, w.scratch, n_other, n_forced, k, True)
         b.n_chosen, b.n_forced = n_forced + k, n_forced
     else:
+        if s.promotes:
+            _ltr_decode_keys(t, w, s, st, w.resident, n_res)
         if _rank(t, w, s, st, w.resident, n_res, 0, slots, False):
             b.ord_dirty = slots   # only the prefix's keys change this step
         b.n_chosen, b.n_forced = slots, 0
@@ -145,6 +148,8 @@ def _admit(t, w, s, st, b):
     room = s.max_resident - st.n_res - (1 if st.partial >= 0 else 0)
     if budget > 0 and room > 0 and st.n_admitted < st.arrived:
         tokens, by_row, nxt = 0, not s.ordered, st.n_admitted
+        if s.ordered and s.promotes:   # the policy is asked for every waiting row's key
+            _ltr_admission_keys(t, w, s, st)
         if s.ordered and s.starvation_override:
             while t.admitted[st.admit_ptr]:
                 st.admit_ptr += 1
@@ -234,6 +239,8 @@ def _compose(t, w, s, st, b):
     """Scheduler.compose: decode choice, the prefill budget left (a carried chunk first), admission,
     prefill, the decodes' context. False when the step would make no progress (SimulationStalled:
     ``stall_ready`` / ``stall_waiting`` say why, a carried row as ``-1 - row``)."""
+    if s.aging and _aging_clock(st.now, s.aging_every_s) != st.aging_clock:
+        _aging_tick(t, w, s, st, _aging_clock(st.now, s.aging_every_s))
     _choose_decodes(t, w, s, st, b)
     budget = s.prefill_budget - (b.n_chosen if s.decodes_in_budget else 0)
     carried, chunk_c = st.partial, 0
@@ -382,7 +389,7 @@ def _reorder(t, w, s, st, b, n_before):
         return
     n_ord = n_before
     # keys only fall, and only in the decoded prefix (all rows where the choice was not a prefix)
-    _rekey_sort(w.ord_keys, w.ord_rows, min(b.ord_dirty, n_ord), s.keys_on, t.predicted, t.generated)
+    _policy_rekey_sort(t, w, s, st, min(b.ord_dirty, n_ord))
     if b.n_done:
         m = 0
         for i in range(n_ord):
@@ -395,7 +402,7 @@ def _reorder(t, w, s, st, b, n_before):
         r = w.firsts[j]
         if t.finish_s[r] == t.finish_s[r]:
             continue
-        _ord_insert(w.ord_keys, w.ord_rows, n_ord, _key(r, s.keys_on, t.predicted, t.generated), r)
+        _ord_insert(w.ord_keys, w.ord_rows, n_ord, _decode_key(r, t, w, s, st), r)
         n_ord += 1
 
 
