@@ -13,8 +13,9 @@ columns only; the oracle needs no features). The same arguments replay the same 
         [--scale 10000,100000,1000000]
 
 On a trace with hidden states it also times the learned predictors (``leap``, ``leap-rls``,
-``trail``) on the compiled kernel beside the engine's own rate; ``--scale`` times prepare against
-the loop at each size.
+``trail``) on the compiled kernel beside the engine's own rate; it prints how many predictor x
+policy pairs run compiled (and why the others do not); ``--scale`` times prepare against the loop at
+each size.
 """
 
 from __future__ import annotations
@@ -128,6 +129,8 @@ def bench(args, trace: str, trace_requests: int) -> int:
         hidden_state_cases(args)
     if "compiled" in kernels and load_trace(args.trace).has_feature("feat_last"):
         learned_predictor_rates(args)
+    if "compiled" in kernels:
+        pair_coverage()
     if "compiled" in kernels and args.scale:
         prepare_vs_loop(args)
     print(f"  process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
@@ -201,7 +204,46 @@ def learned_predictor_rates(args) -> None:
         same = "identical to the reference" if reference.finish_s.tobytes() == result.finish_s.tobytes() \
             else "FINISH TIMES DIFFER from the reference"
         print(f"    {predictor:8s} {rate:9,.0f} req/CPU-s ({rate / engine:.0%} of the engine alone; target "
-              f"{target:,}: {'met' if rate >= target else 'not met'}); its own calls {share:.0%} of the loop; {same}")
+              f"{target:,}: {'met' if rate >= target else 'not met'}); its Python calls {share:.0%} of the loop "
+              f"(work done in compiled code not counted); {same}")
+
+
+def pair_coverage(trace_name: str = "lmsys", n: int = 48) -> None:
+    """How many of the predictor x policy pairs the CLI accepts run on the compiled kernel (the
+    kernel's own declarations, :func:`simulator.compiled.unsupported`, on ``n`` rows of a recorded
+    trace), and why the others fall back to the reference engine, by reason."""
+    from collections import Counter
+
+    import numpy as np
+
+    from policies import POLICIES, make_policy
+    from predictors import PREDICTORS, make_predictor
+    from simulator.compiled import unsupported
+    from simulator.engine import Simulation
+    from simulator.profiles import make_profile
+
+    if trace_name not in bundled_trace_names():
+        print(f"  per-pair coverage: skipped (no trace {trace_name!r})")
+        return
+    trace = load_trace(trace_name)
+    workload = trace.take(np.arange(min(n, len(trace))))
+    profile = make_profile("qwen3-8b-h100", trace)
+    pairs = [(pred, pol) for pol, cls in POLICIES.items() for pred in ["none", *PREDICTORS]
+             if not (pred == "none" and cls.uses_predictions)]
+    outcome: Counter[str] = Counter()
+    for pred, pol in pairs:
+        try:
+            sim = Simulation(workload, np.zeros(len(workload)), policy=make_policy(pol),
+                             predictor=None if pred == "none" else make_predictor(pred), profile=profile,
+                             kernel="compiled")
+        except (ValueError, OSError) as exc:   # no weights for this predictor here: say so, go on
+            outcome[f"not built here ({str(exc).splitlines()[0]})"] += 1
+            continue
+        outcome[unsupported(sim) or "compiled"] += 1
+    print(f"  per-pair coverage ({trace_name}, {len(workload)} rows): {outcome.pop('compiled', 0)} of {len(pairs)} "
+          f"predictor x policy pairs run compiled; the others use the reference engine:")
+    for reason, count in outcome.most_common():
+        print(f"    {count:3d}  {reason}")
 
 
 def prepare_vs_loop(args) -> None:

@@ -35,7 +35,7 @@ from experiments.table import load_text, print_table
 from policies import POLICIES
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
-from simulator.compiled import KERNELS
+from simulator.compiled import DEFAULT_KERNEL, KERNELS
 from simulator.engine import EngineConfig
 from simulator.profiles import DEFAULT_PROFILE, PROFILES, is_profile_name
 from simulator.runner import MAX_SEED, NO_PREDICTOR, PRESETS, RunConfig, code_hash, config_from_record, prepare
@@ -93,9 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="repeat the trace to N requests first (whole copies in "
                    "trace order, arrival gaps repeated, ids suffixed #COPY), for scaling studies")
     p.add_argument("--seed", type=bounded_int(0), default=0, help="first seed")
-    p.add_argument("--kernel", choices=KERNELS, default="reference",
-                   help="engine implementation: the reference SimPy step loop, or the compiled step "
-                        "(numba; same bytes; configurations it does not cover say so and use the reference)")
+    p.add_argument("--kernel", choices=KERNELS, default=DEFAULT_KERNEL,
+                   help="engine implementation: the compiled step (default; numba, same bytes; without numba, "
+                        "or for a configuration it does not cover, it says so and uses the reference), or "
+                        "the reference SimPy step loop that defines it")
     p.add_argument("--seeds", type=bounded_int(1, MAX_RUNS, "runs one command plans"), default=1,
                    help="run seeds seed .. seed+N-1")
     p.add_argument("--jobs", type=bounded_int(1), default=None,

@@ -115,6 +115,7 @@ def simulate_segments(workload: Trace, segment: np.ndarray, policy_name: str, pr
     from policies import make_policy
     from predictors import make_predictor
     from predictors.base import PredictorOptions
+    from simulator.compiled import DEFAULT_KERNEL
     from simulator.engine import Simulation
 
     n = len(workload)
@@ -125,6 +126,8 @@ def simulate_segments(workload: Trace, segment: np.ndarray, policy_name: str, pr
     sent = workload.arrival_s
     if sent is None:
         raise ValueError(f"trace {workload.name!r}: no arrival_s to replay")
+    # the compiled kernel where the profile has a compiled form (one scaled at a run's speed has none)
+    kernel = DEFAULT_KERNEL if profile.compiled_coefficients() is not None else "reference"
     for k in np.unique(seg):
         rows = np.flatnonzero(seg == k)
         part = workload.take(rows)
@@ -133,7 +136,7 @@ def simulate_segments(workload: Trace, segment: np.ndarray, policy_name: str, pr
         if predictor_name != NO_PREDICTOR:
             predictor = make_predictor(predictor_name, PredictorOptions(train_trace=train, update_every=update_every))
         sim = Simulation(part, arrival, policy=make_policy(policy_name), predictor=predictor, profile=profile,
-                         config=config, seed=0, charge_cost=charge_cost)
+                         config=config, seed=0, charge_cost=charge_cost, kernel=kernel)
         result = sim.run()
         row_of = {rid: i for i, rid in enumerate(result.rows_request_id.tolist())}
         order = np.array([row_of[rid] for rid in part.request_id.tolist()], dtype=np.int64)
@@ -163,6 +166,10 @@ class AtRunSpeed:
     def step_time(self, prefill_tokens, prefill_sq, decode_batch, decode_context) -> float:
         t = self.profile.step_time(prefill_tokens, prefill_sq, decode_batch, decode_context)
         return (t - self.host_gap_s) * self.ratio + self.host_gap_s
+
+    def compiled_coefficients(self) -> None:
+        """None: the scaling is no formula the compiled kernel knows (its replays run on the reference)."""
+        return None
 
     def describe(self) -> dict:
         return {**self.profile.describe(), "scaled_by_run_speed": self.ratio}

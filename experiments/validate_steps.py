@@ -15,6 +15,7 @@ import numpy as np
 from core.trace import Trace
 from experiments import live_replay
 from predictors.base import PredictorOptions
+from simulator.compiled import DEFAULT_KERNEL
 from simulator.engine import RunResult
 from simulator.runner import RunConfig, execute, prepare
 from simulator.serving import serving_meta
@@ -38,7 +39,7 @@ def readout_train_trace(trace: Trace) -> str:
     return str(train)
 
 
-def step_replay_config(trace: Trace, kernel: str = "reference") -> RunConfig:
+def step_replay_config(trace: Trace, kernel: str = DEFAULT_KERNEL) -> RunConfig:
     """The ``simulate`` run that replays a step-clocked serving run as it ran."""
     if trace_clock(trace) != "steps":
         raise ValueError(f"trace {trace.name!r} is not a step-clocked serving run (serving.clock)")
@@ -53,7 +54,7 @@ def step_replay_config(trace: Trace, kernel: str = "reference") -> RunConfig:
                      predictor_options=options, charge_cost=False, kernel=kernel)
 
 
-def replay_steps(trace: Trace, kernel: str = "reference") -> RunResult:
+def replay_steps(trace: Trace, kernel: str = DEFAULT_KERNEL) -> RunResult:
     """The run replayed by the simulator (refused when the live run ordered admission and the
     simulator would not, or the other way round)."""
     prepared = prepare(step_replay_config(trace, kernel))
@@ -114,7 +115,7 @@ def _first_divergence(live: dict, sim: dict) -> int | None:
     return first
 
 
-def validate_step_run(trace: Trace, kernel: str = "reference") -> dict:
+def validate_step_run(trace: Trace, kernel: str = DEFAULT_KERNEL) -> dict:
     """One ``leap-validate`` row of a step-clocked run."""
     s = serving_meta(trace)
     live_pred = s.get("predictor", "none")

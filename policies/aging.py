@@ -6,6 +6,11 @@ arrival (TIE's t_w = now - arrival). Keys are recomputed every 5 s: all requests
 same instant (the last multiple of 5 s), so with a constant score the order is exactly arrival
 order, i.e. FCFS. The score is the countdown key (predicted remaining, or a rank predictor's
 score, which rank predictors keep positive), so aging composes with any predictor.
+
+The log is libm's (``math.log``), not numpy's: numpy's SIMD log (AVX-512) differs from libm in the
+last bit on some inputs, and the compiled kernel (``simulator/kernel_policies.py``) calls libm, so
+both kernels compute the same keys bit for bit. The rounding is numpy's own ``np.round`` (multiply,
+round half to even, divide) written out, so the kernel makes the same three operations.
 """
 
 from __future__ import annotations
@@ -14,13 +19,15 @@ import math
 
 import numpy as np
 
-from policies.base import Policy, SchedulerView
+from policies.base import CompiledForm, Policy, SchedulerView
 from policies.countdown import remaining
 
 GAMMA = 0.9
 TAU_S = 30.0
 RECOMPUTE_S = 5.0
 KEY_DECIMALS = 9   # log-key resolution: far below any real difference, far above float noise
+KEY_SCALE = 10.0 ** KEY_DECIMALS   # np.round(x, KEY_DECIMALS) is np.rint(x * KEY_SCALE) / KEY_SCALE
+SCORE_FLOOR = 1e-300               # the log of a score <= 0 stays finite
 
 
 class Aging(Policy):
@@ -40,14 +47,19 @@ class Aging(Policy):
         so that mathematically equal keys tie exactly and fall back to row order."""
         aging_clock = math.floor(view.now / self.recompute_s) * self.recompute_s
         wait = np.maximum(aging_clock - view.arrival_s[rows], 0.0)
-        log_key = np.log(np.maximum(score, 1e-300)) + self._log_gamma_per_s * wait
-        return np.round(log_key, KEY_DECIMALS)
+        floored = np.maximum(score, SCORE_FLOOR).tolist()
+        log_score = np.fromiter(map(math.log, floored), dtype=np.float64, count=len(floored))
+        log_key = log_score + self._log_gamma_per_s * wait
+        return np.rint(log_key * KEY_SCALE) / KEY_SCALE
 
     def decode_keys(self, view: SchedulerView, rows):
         return self.aged(view, rows, remaining(view, rows))
 
     def admission_keys(self, view: SchedulerView, rows):
         return self.aged(view, rows, view.predicted[rows])
+
+    def compiled_form(self) -> CompiledForm:
+        return CompiledForm(keys="remaining", aging_log_rate=self._log_gamma_per_s, aging_every_s=self.recompute_s)
 
     def describe(self) -> dict:
         return {"name": self.name, "gamma": self.gamma, "tau_s": self.tau_s, "recompute_s": self.recompute_s}

@@ -40,7 +40,12 @@ class CompiledForm:
     rank-only predictor's scores may serve as keys under this form; ``starve_after_s``: SSJF's
     starvation override, a decision whose longest-waiting row (the first by arrival) has waited more
     than this, or more than ``starve_factor`` x its predicted execution time (``exec_base_s`` +
-    ``exec_per_token_s`` x its estimate, floored at 0), orders its rows by arrival instead.
+    ``exec_per_token_s`` x its estimate, floored at 0), orders its rows by arrival instead;
+    ``aging_log_rate``: TIE's aging, each key (the ``keys`` score, and the estimate for admission)
+    becomes round(log(score) + this x wait, 9 decimals), the wait counted on a clock floored to
+    ``aging_every_s`` (``policies.aging``); ``promote_after_idle``: LTR's starvation rule, a row not
+    run for this many steps is put first for ``promoted_runs`` runs (``policies.ltr_starvation``:
+    the kernel keeps that policy's own per-row state arrays).
     """
 
     keys: Literal["row", "remaining"]
@@ -50,6 +55,10 @@ class CompiledForm:
     starve_factor: float = 0.0
     exec_base_s: float = 0.0
     exec_per_token_s: float = 0.0
+    aging_log_rate: float | None = None
+    aging_every_s: float = 0.0
+    promote_after_idle: int | None = None
+    promoted_runs: int = 0
 
 
 class Policy(ABC):

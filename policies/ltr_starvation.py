@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from policies.base import Policy, SchedulerView
+from policies.base import CompiledForm, Policy, SchedulerView
 from policies.countdown import remaining
 
 IDLE_STEPS = 200
@@ -80,6 +80,10 @@ class LTRStarvation(Policy):
             self._promote(rows[new], np.full(int(new.sum()), UNSEEN))
         promoted = self.runs_left[rows] > 0
         return np.where(promoted, base - PROMOTED_OFFSET, base)
+
+    def compiled_form(self) -> CompiledForm:
+        # the kernel runs these updates on this policy's own state arrays (simulator/kernel_policies.py)
+        return CompiledForm(keys="remaining", promote_after_idle=self.idle_steps, promoted_runs=self.runs)
 
     def describe(self) -> dict:
         return {"name": self.name, "idle_steps": self.idle_steps, "runs": self.runs}

@@ -3,8 +3,8 @@
 Priority = predicted remaining (countdown). A request whose generated tokens exceed c x its
 INITIAL prediction (``view.first_predicted``: TRAIL's prompt-prior estimate) becomes
 non-preemptible: if it held a decode slot in the previous step (``view.last_served == step - 1``)
-it keeps it -- its key is put below every other key. At most ``decode_slots`` requests can hold
-slots, so the locked ones always fit.
+it keeps it -- its key is -inf, below every other key (a rank predictor's scores included, whatever
+their sign). At most ``decode_slots`` requests can hold slots, so the locked ones always fit.
 
 TRAIL also sorts such a request LAST in its waiting queue (priority +inf), which in SGLang only
 matters after a KV-pressure eviction; here a locked request that lost its slot (only possible when
@@ -21,7 +21,7 @@ from policies.base import CompiledForm, Policy, SchedulerView
 from policies.countdown import remaining
 
 PREEMPTION_LIMIT = 0.8
-LOCKED_KEY = -1.0     # countdown keys are >= 0.5 (floor) and rank scores > 0
+LOCKED_KEY = -np.inf  # below every key: countdown's (>= 0.5, the floor) and any rank score
 
 
 class TrailPreemption(Policy):
@@ -49,8 +49,7 @@ class TrailPreemption(Policy):
         return view.predicted[rows]
 
     def compiled_form(self) -> CompiledForm:
-        # with a rank predictor the locked key -1 need not sort below every score
-        return CompiledForm(keys="remaining", lock_after=self.c, rank_predictors=False)
+        return CompiledForm(keys="remaining", lock_after=self.c)
 
     def describe(self) -> dict:
         return {"name": self.name, "c": self.c}

@@ -38,7 +38,9 @@ evidence is counted twice). The prefill observation (the serving model's prefill
 :meth:`Trail.after_prefill`, which the engine calls after the prefill step; the probe's GPU time
 for it is charged like a refresh.
 Without a decode side table (or with ``PredictorOptions.refresh = False``) TRAIL keeps the prompt
-prior and counts down.
+prior and counts down. The per-request rules (smoothing, estimate, observations) are
+:mod:`predictors.trail_rule`, which the compiled kernel calls too; the probe's bin probabilities of
+every prefill state and recorded decode vector are computed once at bind, in batches.
 
 Scheduler: TRAIL is SPRPT on this estimate (``countdown``); its limited preemption (c = 0.8) is the
 policy ``trail-preemption``.
@@ -57,6 +59,7 @@ import numpy as np
 
 from core.hardware import DEFAULT_HARDWARE, Hardware
 from core.trace import Trace, TraceError
+from predictors import trail_rule as rule
 from predictors.base import PredictorCost, PredictorOptions
 from predictors.gpu_cost import DISTILBERT_BASE, encoder_cost, trail_refresh_s
 from predictors.heads import Artifact, HeadPredictor, act, linear, new_artifact, softmax
@@ -210,14 +213,6 @@ class Trail(HeadPredictor):
         self._prior, self._probe = artifact.head("prior"), artifact.head("probe")
         self.use_refresh = refresh
         self.refresh_every = None
-        self._powers: dict[int, np.ndarray] = {}
-
-    def _power(self, steps: int) -> np.ndarray:
-        """T^steps, computed once per run length (``np.linalg.matrix_power``'s bits)."""
-        out = self._powers.get(steps)
-        if out is None:
-            out = self._powers[steps] = np.linalg.matrix_power(self.T, steps)
-        return out
 
     @classmethod
     def from_options(cls, options: PredictorOptions) -> Trail:
@@ -238,49 +233,50 @@ class Trail(HeadPredictor):
         super().bind(workload, rng)
         n = len(workload)
         self.cap = float(workload.output_cap)
-        self.post = self.prior_probabilities(workload.feature(self.prior_column))
-        self.g_post = np.zeros(n, dtype=np.int64)          # generated count the posterior refers to
-        self.prefilled = np.zeros(n, dtype=bool)
-        self.used_g = np.zeros(n, dtype=np.int64)          # last decode vector consumed (0 = none)
-        self.total = self._estimate(np.arange(n), np.zeros(n, dtype=np.int64))
-        self._prefill_std = self._probe.standardize(workload.feature(self.probe_column))
-        self._vec_start = None
-        k = workload.metadata.get("decode_every_k")
-        if self.use_refresh is not False and workload.decode_path is not None and k:
-            rows, gen, vecs = workload.decode_vectors(self.decode_layer)
-            self._dec_gen = gen
-            self._dec_lik = np.full((len(gen), self.k), np.nan)
-            self._vec_start = np.searchsorted(rows, np.arange(n), side="left")
-            # (row, generated) as one sorted key: a refresh finds every row's latest vector at once
-            self._dec_key = (rows << 32) | gen
-            self._dec_std = self._probe.standardize(vecs)   # elementwise: the same bits as per call
-            self.refresh_every = int(k)
+        k = self.k
+        # the probe's bin probabilities of every prefill state and recorded decode vector, computed once
+        # here in batches (a refresh then only smooths): trail_rule's rules read them
+        prefill_lik = self._likelihoods(self._probe.standardize(workload.feature(self.probe_column)))
+        dec_key, dec_gen = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        dec_lik, vec_start = np.zeros((0, k)), np.zeros(n, dtype=np.int64)
+        every = workload.metadata.get("decode_every_k")
+        if self.use_refresh is not False and workload.decode_path is not None and every:
+            rows, dec_gen, vecs = workload.decode_vectors(self.decode_layer)
+            vec_start = np.searchsorted(rows, np.arange(n), side="left")
+            # (row, generated) as one sorted key: a refresh finds a row's latest vector by bisection
+            dec_key = (rows.astype(np.int64) << 32) | dec_gen
+            dec_lik = self._likelihoods(self._probe.standardize(vecs))   # elementwise: the same bits as per call
+            self.refresh_every = int(every)
         elif self.use_refresh is True:
             raise TraceError(f"predictor 'trail': refresh asked but trace {workload.name!r} has no decode "
                              f"side table with decode_every_k in its metadata")
         else:
             self.refresh_every = None
+        self.arrays = rule.TrailArrays(
+            post=np.ascontiguousarray(self.prior_probabilities(workload.feature(self.prior_column)), dtype=np.float64),
+            g_post=np.zeros(n, dtype=np.int64),          # generated count the posterior refers to
+            prefilled=np.zeros(n, dtype=np.bool_),
+            used_g=np.zeros(n, dtype=np.int64),          # last decode vector consumed (0 = none)
+            total=np.zeros(n, dtype=np.float64), prefill_lik=prefill_lik,
+            dec_key=np.ascontiguousarray(dec_key, dtype=np.int64), dec_gen=np.ascontiguousarray(dec_gen, dtype=np.int64),
+            dec_lik=dec_lik, vec_start=np.ascontiguousarray(vec_start, dtype=np.int64),
+            powers=rule.power_table(self.T, workload.output_cap),   # generated <= max_tokens <= cap (contract)
+            mid=np.ascontiguousarray(self.mid, dtype=np.float64), cap=self.cap,
+            scratch=np.zeros(2 * k))
+        self.post, self.g_post, self.total = self.arrays.post, self.arrays.g_post, self.arrays.total
+        rule.load()
+        rule.estimate_rows(np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64), self.arrays)
 
     def _estimate(self, rows: np.ndarray, generated: np.ndarray) -> np.ndarray:
-        steps = generated - self.g_post[rows]
-        now = self.post[rows].copy()
-        for s in np.unique(steps):
-            if s > 0:
-                sel = steps == s
-                now[sel] = now[sel] @ self._power(int(s))
-        upper = np.maximum(self.cap - generated, 1.0)
-        return generated + np.clip(now @ self.mid, 1.0, upper)
+        """The estimates of ``rows`` after ``generated`` tokens from their current posteriors (unstored)."""
+        return np.array([rule.estimate_row(int(r), int(g), self.arrays) for r, g in zip(rows, generated)])
 
-    def _observe(self, rows: np.ndarray, at_g: np.ndarray, likelihood: np.ndarray) -> None:
-        self.post[rows] = smooth(self.post[rows], likelihood, at_g - self.g_post[rows], self.T, self._power)
-        self.g_post[rows] = at_g
-
-    def _apply_prefill(self, rows: np.ndarray) -> None:
-        rows = rows[~self.prefilled[rows]]
-        if len(rows):
-            lik = softmax(self._probe.forward(self._prefill_std[rows]))
-            self._observe(rows, np.ones(len(rows), dtype=np.int64), lik)
-            self.prefilled[rows] = True
+    def _likelihoods(self, standardized: np.ndarray, batch: int = 4096) -> np.ndarray:
+        """softmax(probe) of standardised rows, in fixed batches (float64, C order, (rows, k))."""
+        out = np.empty((len(standardized), self.k))
+        for lo in range(0, len(standardized), batch):
+            out[lo:lo + batch] = softmax(self._probe.forward(standardized[lo:lo + batch]))
+        return out
 
     # -- the interface
     def predict(self, rows, known=None):
@@ -289,39 +285,13 @@ class Trail(HeadPredictor):
 
     def after_prefill(self, rows) -> np.ndarray:
         """The prefill observation (serving-model state, mean over prompt tokens); total lengths."""
-        rows = np.asarray(rows, dtype=np.int64)
-        self._apply_prefill(rows)
-        self.total[rows] = self._estimate(rows, np.ones(len(rows), dtype=np.int64))
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        rule.after_prefill_rows(rows, self.arrays)
         return self.total[rows]
 
     def refresh(self, rows, generated):
-        rows = np.asarray(rows, dtype=np.int64)
-        generated = np.asarray(generated, dtype=np.int64)
-        just_prefilled = ~self.prefilled[rows]
-        self._apply_prefill(rows)
-        if self._vec_start is None:
-            if just_prefilled.any():
-                upd = rows[just_prefilled]
-                self.total[upd] = self._estimate(upd, generated[just_prefilled])
-            return self.total[rows]
-        # each row's latest recorded vector at or below its generated count, if newer than the last used
-        pick = np.searchsorted(self._dec_key, (rows << 32) | generated, side="right") - 1
-        new = pick >= self._vec_start[rows]
-        new[new] = self._dec_gen[pick[new]] > self.used_g[rows[new]]
-        fresh_rows = rows[new]
-        if len(fresh_rows):
-            idx = pick[new]
-            need = idx[np.isnan(self._dec_lik[idx, 0])]
-            if len(need):
-                self._dec_lik[need] = softmax(self._probe.forward(self._dec_std[need]))
-            at = self._dec_gen[idx]
-            self._observe(fresh_rows, at, self._dec_lik[idx])
-            self.used_g[fresh_rows] = at
-        # rows with new evidence (a decode vector, or the prefill observation folded in just now)
-        changed = new | just_prefilled
-        upd = rows[changed]
-        if len(upd):
-            self.total[upd] = self._estimate(upd, generated[changed])
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        rule.refresh_rows(rows, np.ascontiguousarray(generated, dtype=np.int64), self.arrays)
         return self.total[rows]
 
     def cost(self, hardware: Hardware = DEFAULT_HARDWARE) -> PredictorCost:

@@ -8,20 +8,30 @@ rows arrive, prefill-stage predictors predicted in Python after each prefilling 
 fixed per row at bind time, frozen ``leap`` and ``egtp``, are published in compiled code instead:
 :mod:`simulator.kernel_estimates`), re-estimates
 after prefill and during decode (TRAIL, LEAP with refresh) made in Python after the step that
-calls for them, and online learning (LEAP+RLS): the kernel buffers finished rows until a feedback
+calls for them (TRAIL's arrival scores, prefill probe and refreshes in compiled code instead:
+:mod:`simulator.kernel_trail`), and online learning (LEAP+RLS): the kernel buffers finished rows until a feedback
 batch is due, Python runs the predictor's feedback, and the CPU worker's publishes fire between
-compiled steps. Policies FCFS, countdown and TRAIL's limited preemption (locked rows first, by a
-scan of the residents), SSJF's starvation override (a starving decision by arrival); the
-roofline / fitted / unit profiles; chunked prefill and closed loop included (not a prefill-stage
-predictor in a closed loop); no step logs. Anything else (aging, LTR's starvation rule) runs on
-the reference engine, and :func:`unsupported` says why. Without numba the compiled kernel is unavailable
-and every run uses the reference engine (the pure-numpy path).
+compiled steps (LEAP+RLS's prefill estimates from the live weights made in compiled code:
+:mod:`simulator.kernel_online`). Policies FCFS, countdown and TRAIL's limited preemption (its locked rows merged
+into the (key, row) order at their key, -inf: first whatever a rank predictor's scores are),
+SSJF's starvation override (a starving decision by arrival), aging (keys re-made when its clock
+ticks) and LTR's starvation rule (its per-row state updated at the calls the reference makes; both
+:mod:`simulator.kernel_policies`); the roofline / fitted / unit
+profiles; chunked prefill, the KV budget, the step clock and closed loop included, with every
+predictor; the step log (``record_steps``: :mod:`simulator.kernel_log`, grown and read back in
+:mod:`simulator.compiled_log`). It is ``simulate``'s default kernel. A policy without a compiled
+form runs on the reference engine, and :func:`unsupported` says why (one line per process).
+Without numba the compiled kernel is unavailable and every run uses the reference engine (the
+pure-numpy path).
 
 Events between steps (an estimate ready after its step ended, an online update's publish) keep
 SimPy's order: by time, then creation. The kernel counts the step loop's timeouts (steps and idle
 waits), and each event remembers how many were created before it, so an event at exactly a step's
 end fires before that step lands only if it was created before the step began, as in SimPy.
-Python then fires it against the system as it was before the landing (residents, finished count).
+Python then fires it against the system as it was before the landing (residents, finished count,
+arrived count). The reference publishes a prefill's estimates in ``after_step``, before the step's
+``retire``, so they too see the system before the landing: in a closed loop the rows that the
+step's completions submit (at its end) have not arrived yet (``BATCH.n_released`` counts them).
 
 The kernel itself is :mod:`simulator.kernel`; this module decides when it applies, runs the
 predictor's side between its calls, and is the SimPy process around it
@@ -37,6 +47,7 @@ import sys
 import numpy as np
 
 from predictors.base import Known
+from simulator.compiled_log import fill_step_log, no_log, with_room
 from simulator.kernel import load_kernel
 from simulator.kernel_estimates import C_CPU_PER_PREDICTION, C_CPU_SPENT, C_TAP_FRACTION, load_publishing_kernel
 from simulator.kernel_layout import (
@@ -62,9 +73,12 @@ from simulator.kernel_layout import (
     new_record,
     record,
 )
+from simulator.kernel_online import advance_online, compiled_online
+from simulator.kernel_trail import advance_trail, compiled_trail
 from simulator.prediction import refresh_due
 
 KERNELS = ("reference", "compiled")
+DEFAULT_KERNEL = "compiled"      # simulate's, RunConfig's and leap-validate's replays' (Simulation's: the reference)
 CHUNK_STEPS = 1 << 16            # steps per kernel call (progress reports between calls)
 
 
@@ -80,14 +94,9 @@ def unsupported(sim) -> str | None:
         return f"policy {sim.policy.name!r} is not compiled ({compiled} are)"
     p = sim.predictor
     if not form.rank_predictors and p is not None and p.output == "rank":
-        return f"{sim.policy.name} with a rank predictor is not compiled (its locked key -1 need not sort first)"
-    if p is not None and not p.static_estimates:
-        if p.stage == "prefill" and sim.closed_loop is not None:
-            return f"predictor {p.name!r} predicts after prefill in a closed loop (not compiled)"
+        return f"{sim.policy.name} with a rank predictor is not compiled (its compiled form takes no rank scores)"
     if sim.profile.compiled_coefficients() is None:
         return f"engine profile {sim.profile.name!r} is not compiled"
-    if sim.record_steps:
-        return "step logs are recorded by the reference engine only"
     return None
 
 
@@ -157,7 +166,7 @@ class CompiledRun:
                          table.last_served, table.forced_steps, table.admitted, table.admit_s, table.first_token_s,
                          table.finish_s, table.admit_step, table.first_token_step, table.finish_step,
                          table.first_predicted, table.ready_s, table.prefilled)
-        self.work = self._work_arrays(n)
+        self.work = self._work_arrays(n, sim.policy)
         self.settings = self._settings(sim)
         self.state, self.batch = new_record(STATE), new_record(BATCH)   # what the kernel takes
         self.st, self.last = record(self.state), record(self.batch)     # Python's named view of them
@@ -167,12 +176,19 @@ class CompiledRun:
         self.st.next_event = np.inf
         self.kernel_args = (self.rows, self.work, self.settings, self.state, self.batch)
         self.publishing = self._fixed_estimates_publisher(sim)
+        self.trail = compiled_trail(self, sim)   # TRAIL's Python stops done in compiled code
+        self.online = compiled_online(self, sim) if self.fb_batch else None   # LEAP+RLS's prefill estimates
         self.advance(0)   # compiles the kernel or loads it from the cache, before the run's clock starts
 
-    def _work_arrays(self, n: int) -> Work:
+    def _work_arrays(self, n: int, policy) -> Work:
         """The kernel's working arrays, sized once for the run (written in place every call)."""
         width = max(self.cfg.max_resident, self.cfg.decode_slots) + 1
         rows, wide = max(n, 1), np.empty(width, dtype=np.int64)
+        # LTR's per-row state: the policy's own arrays, reset for this run (so both kernels end with it)
+        no_state = np.empty(0, dtype=np.int64)
+        promotes = policy.compiled_form().promote_after_idle is not None
+        runs_left, served_seen, first_waiting = ((policy.runs_left, policy.served_seen, policy.first_waiting)
+                                                 if promotes else (no_state, no_state, no_state))
         return Work(resident=wide, ord_rows=np.empty(width + 1, dtype=np.int64),
                     ord_keys=np.empty(width + 1, dtype=np.float64),
                     lru_prev=np.empty(rows, dtype=np.int64), lru_next=np.empty(rows, dtype=np.int64),
@@ -181,7 +197,8 @@ class CompiledRun:
                     firsts=np.empty(width + 1, dtype=np.int64), done_rows=np.empty(2 * width + 2, dtype=np.int64),
                     scratch=np.empty(width, dtype=np.int64), err=np.empty(width, dtype=np.float64),
                     pair_stack=np.zeros((3, 64), dtype=np.int64), pair_sums=np.empty(64, dtype=np.float64),
-                    rekey=self.rekey, fb_rows=np.empty(rows, dtype=np.int64), fb_ends=np.empty(rows, dtype=np.int64))
+                    rekey=self.rekey, fb_rows=np.empty(rows, dtype=np.int64), fb_ends=np.empty(rows, dtype=np.int64),
+                    runs_left=runs_left, served_seen=served_seen, first_waiting=first_waiting, **no_log())
 
     def _settings(self, sim) -> Settings:
         """The run's fixed settings as the kernel reads them (the policy's and profile's declared forms)."""
@@ -207,7 +224,10 @@ class CompiledRun:
             charge_per_request=float(cost.gpu_s_per_request) if cost is not None else 0.0,
             charge_per_prompt_token=float(cost.gpu_s_per_prompt_token) if cost is not None else 0.0,
             feedback_batch=int(self.fb_batch), refresh_every=int(self.refresh_every),
-            after_prefill=bool(self.after_prefill))
+            after_prefill=bool(self.after_prefill), aging=form.aging_log_rate is not None,
+            aging_log_rate=float(form.aging_log_rate or 0.0), aging_every_s=float(form.aging_every_s),
+            promotes=form.promote_after_idle is not None, promote_after_idle=int(form.promote_after_idle or 0),
+            promoted_runs=int(form.promoted_runs), record_steps=bool(sim.record_steps))
 
     def _fixed_estimates_publisher(self, sim) -> tuple | None:
         """(estimates, cost) for :mod:`simulator.kernel_estimates` when a prefill-stage predictor's
@@ -222,6 +242,14 @@ class CompiledRun:
         return np.ascontiguousarray(fixed, dtype=np.float64), cost
 
     def advance(self, max_steps: int) -> int:
+        """Up to ``max_steps`` compiled steps (the step log grown first to hold them all)."""
+        if self.settings.record_steps:
+            self.work = with_room(self.work, self.steps + max_steps)
+            self.kernel_args = (self.rows, self.work, self.settings, self.state, self.batch)
+        if self.trail is not None:
+            return advance_trail(self, max_steps, self.trail)
+        if self.online is not None:
+            return advance_online(self, max_steps, self.online)
         if self.publishing is None:
             return int(load_kernel()(max_steps, *self.kernel_args))
         estimates, cost = self.publishing
@@ -229,6 +257,10 @@ class CompiledRun:
         done = load_publishing_kernel()(max_steps, estimates, cost, *self.kernel_args)
         self.driver.cpu_s = float(cost[C_CPU_SPENT])
         return int(done)
+
+    def fill_step_log(self, log) -> None:
+        """The run's step log into ``log`` (a :class:`simulator.engine.StepLog`), as the reference keeps it."""
+        fill_step_log(log, self.work, self.steps)
 
     @property
     def now(self) -> float:
@@ -263,12 +295,17 @@ class CompiledRun:
             self.st.charge += d.cost.gpu_s(len(rows), int(t.prompt[rows].sum()))
         self.st.py_scored = arrived
 
-    def _publish(self, rows: np.ndarray, at: float, finished: int) -> None:
+    def _publish(self, rows: np.ndarray, at: float, finished: int, before_landing: bool) -> None:
         """Estimates for ``rows`` usable from ``at`` (the predictor sees what the system knows then);
-        the kernel re-sorts them on its next call."""
+        the kernel re-sorts them on its next call. ``before_landing``: the system as it was before
+        the kernel's last step retired its rows (the reference's ``after_step`` runs before
+        ``retire``), so the rows its completions submitted in a closed loop have not arrived yet."""
         if not len(rows):
             return
-        known = Known(arrived=self.table.arrived_by(at), finished=finished)
+        arrived = self.table.arrived_by(at)
+        if before_landing:
+            arrived = min(arrived, int(self.st.released) - int(self.last.n_released))
+        known = Known(arrived=arrived, finished=finished)
         self._set_estimates(rows, self.predictor.predict(rows, known), at)
 
     def _set_estimates(self, rows: np.ndarray, values: np.ndarray, at: float) -> None:
@@ -299,7 +336,7 @@ class CompiledRun:
         ready = start + d.cost.tap_fraction * duration + cpu
         end = start + duration
         if ready <= end:
-            self._publish(rows, end, self.finished - int(self.last.n_done))
+            self._publish(rows, end, self.finished - int(self.last.n_done), before_landing=True)
             return
         # a SimPy timeout created before the step loop's next one
         self._schedule(end + (ready - end), int(self.st.yields), rows)
@@ -314,7 +351,8 @@ class CompiledRun:
             lo = hi
             update = self.predictor.feedback(done, self.table.length[done])
             if update is not None and self.step_clock:   # PredictionDriver.publish_at_once
-                self._publish_update(update, self.now, self.finished, self.work.resident[:int(self.st.n_res)])
+                self._publish_update(update, self.now, self.finished, self.work.resident[:int(self.st.n_res)],
+                                     before_landing=False)
             elif update is not None:
                 self.worker_queue.append(update)
         self.st.fb_n = self.st.fb_groups = 0
@@ -337,25 +375,25 @@ class CompiledRun:
         done_last = int(self.last.n_done) if before_landing else 0
         finished = self.finished - done_last
         if isinstance(what, np.ndarray):   # a delayed estimate
-            self._publish(what, at, finished)
+            self._publish(what, at, finished, before_landing)
             return
         resident = self.work.resident[:int(self.st.n_res)]
         if done_last or (before_landing and self.last.n_first):   # the residents before that step landed
             firsts = self.work.firsts[:int(self.last.n_first)]
             resident = np.setdiff1d(np.union1d(resident, self.work.done_rows[:done_last]), firsts)
-        self._publish_update(what, at, finished, resident)
+        self._publish_update(what, at, finished, resident, before_landing)
         self.worker_busy = False
         if self.worker_queue:   # the worker's next get fires after any step-loop timeout created by now
             yields = int(self.st.yields)
             self._start_update(at, yields + (1 if at == self.now else 0))
 
-    def _publish_update(self, update, at: float, finished: int, resident: np.ndarray) -> None:
+    def _publish_update(self, update, at: float, finished: int, resident: np.ndarray, before_landing: bool) -> None:
         """PredictionDriver._publish: an online update's weights go live at ``at``; every resident
         request with an estimate is re-scored."""
         update.publish()
         self.driver.updates += 1
         rescored = resident[~np.isnan(self.table.ready_s[resident])]
-        self._publish(rescored, at, finished)
+        self._publish(rescored, at, finished, before_landing)
 
     def fire_due(self) -> None:
         """Events that fired before the step loop resumed at the kernel's clock, in SimPy's order."""

@@ -209,6 +209,8 @@ class Simulation:
         if compiled is not None:
             table.finished = compiled.finished
             state["steps"] = compiled.steps
+            if log is not None:
+                compiled.fill_step_log(log)
         if table.finished != n:
             raise RuntimeError(f"simulation ended with {n - table.finished} unfinished requests")
         return RunResult(

@@ -26,7 +26,10 @@ import importlib
 import os
 from pathlib import Path
 
+from policies.aging import KEY_SCALE, SCORE_FLOOR
 from policies.countdown import REMAINING_FLOOR
+from policies.ltr_starvation import PROMOTED_OFFSET, UNSEEN
+from policies.trail_preemption import LOCKED_KEY
 from simulator.kernel_float import _step_time
 from simulator.kernel_layout import (
     AFTER_STEP,
@@ -38,7 +41,9 @@ from simulator.kernel_layout import (
     REKEY_RESORT,
     STALLED,
 )
-from simulator.kernel_order import _key, _ord_insert, _rekey_sort
+from simulator.kernel_log import _record_finished, _record_step
+from simulator.kernel_order import _ord_insert
+from simulator.kernel_policies import _decode_key, _policy_rekey_sort
 from simulator.kernel_steps import (
     _compose,
     _land,
@@ -50,7 +55,10 @@ from simulator.kernel_steps import (
 )
 
 #: the modules whose functions numba compiles, in import order (their ``JITTED`` names)
-KERNEL_MODULES = ("simulator.kernel_float", "simulator.kernel_order", "simulator.kernel_steps", "simulator.kernel")
+KERNEL_MODULES = ("simulator.kernel_float", "simulator.kernel_order", "simulator.kernel_policies",
+                  "simulator.kernel_steps", "simulator.kernel_log", "simulator.kernel")
+#: the modules of the step's parts, inlined into the loop (and kernel_policies' INLINED names)
+STEP_MODULES = ("simulator.kernel_steps", "simulator.kernel_log")
 
 
 def _take_estimates(t, w, s, st):
@@ -58,7 +66,7 @@ def _take_estimates(t, w, s, st):
     within the (key, row) order; many at once (an online update re-scores every resident): re-key
     all and re-sort (keys move little, so the insertion sort is near linear)."""
     if s.keys_on != KEY_ROW and st.n_rekey > REKEY_RESORT:
-        _rekey_sort(w.ord_keys, w.ord_rows, st.n_res, s.keys_on, t.predicted, t.generated)
+        _policy_rekey_sort(t, w, s, st, st.n_res)
     elif s.keys_on != KEY_ROW:
         n_res = st.n_res
         for j in range(st.n_rekey):
@@ -70,7 +78,7 @@ def _take_estimates(t, w, s, st):
                 pos += 1
             for i in range(pos, n_res - 1):
                 w.ord_keys[i], w.ord_rows[i] = w.ord_keys[i + 1], w.ord_rows[i + 1]
-            _ord_insert(w.ord_keys, w.ord_rows, n_res - 1, _key(r, s.keys_on, t.predicted, t.generated), r)
+            _ord_insert(w.ord_keys, w.ord_rows, n_res - 1, _decode_key(r, t, w, s, st), r)
     st.n_rekey = 0
 
 
@@ -108,8 +116,9 @@ def _run_steps(max_steps, t, w, s, state, batch):
         if st.n_res == 0 and st.partial < 0 and st.n_admitted >= arrived:   # Scheduler.idle: wait
             st.now = st.now + (t.arrival[arrived] - st.now)
             st.yields += 1
-            b.n_done = 0       # nothing finishes while idle
+            b.n_done = 0       # nothing finishes (or is released) while idle
             b.n_first = 0
+            b.n_released = 0
             continue
         if s.pred_mode == PRED_PYTHON and st.py_scored < arrived:
             st.status = NEEDS_SCORES   # the predictor scores rows [py_scored, arrived) in Python, at `now`
@@ -124,9 +133,11 @@ def _run_steps(max_steps, t, w, s, state, batch):
         duration = _step_charge(s, st, b)
         start = st.now
         end = start + duration
+        _record_step(w, s, st, b, n_before, start, duration)
         tick = int(start) if s.step_clock else st.step   # simulator.requests.clock_step
         _land(t, w, st, b, st.step, tick, start, end)
         _retire(t, w, st, b, end)
+        _record_finished(w, s, st)
         _reorder(t, w, s, st, b, n_before)
         b.start, b.duration = start, duration   # an event due within it saw the system before it landed
         st.now = end
@@ -149,10 +160,12 @@ def numba_cache_folder() -> str:
     """Where numba caches this kernel: ``$NUMBA_CACHE_DIR``, else leap-sched's cache, in a folder
     named by the kernel's sources and the values compiled in from other modules. numba re-validates
     a cached function by its own file's stamp only, not by the files of the functions it calls (nor
-    a changed ``REMAINING_FLOOR``), so any change leads to another folder."""
+    a changed ``REMAINING_FLOOR`` or ``LOCKED_KEY``), so any change leads to another folder."""
+    compiled_in = (("REMAINING_FLOOR", REMAINING_FLOOR), ("LOCKED_KEY", LOCKED_KEY), ("KEY_SCALE", KEY_SCALE),
+                   ("SCORE_FLOOR", SCORE_FLOOR), ("PROMOTED_OFFSET", PROMOTED_OFFSET), ("UNSEEN", UNSEEN))
     from core.io import cache_dir
 
-    digest = hashlib.sha256(repr(("REMAINING_FLOOR", REMAINING_FLOOR)).encode())
+    digest = hashlib.sha256(repr(compiled_in).encode())
     digest.update(_kernel_sources())
     base = os.environ.get("NUMBA_CACHE_DIR") or str(cache_dir() / "numba")
     return os.path.join(base, f"kernel-{digest.hexdigest()[:12]}")
@@ -167,8 +180,8 @@ def load_kernel():
     cannot reload (numba#6061); it walks a stack now. Compiled without numba's reference counts
     (``_nrt=False``; the kernel allocates nothing): each read of an array from the named tuples
     would otherwise count a reference, which made the cut kernel 2x slower than the one-function one.
-    The step's parts (:mod:`simulator.kernel_steps`) are inlined into the loop (``inline="always"``):
-    called, each passes the named tuples' arrays as hundreds of scalar arguments (up to 1.2x slower)."""
+    The step's parts (:mod:`simulator.kernel_steps`, :mod:`simulator.kernel_policies`) are inlined
+    into the loop (``inline="always"``): called, each passes the named tuples' arrays as hundreds of scalar arguments (up to 1.2x slower)."""
     try:
         import numba
     except ImportError:
@@ -179,7 +192,8 @@ def load_kernel():
     try:
         plain = {name: getattr(m, name) for m in modules for name in m.JITTED}
         inline = numba.njit(nogil=True, cache=True, _nrt=False, inline="always")
-        steps = set(importlib.import_module("simulator.kernel_steps").JITTED) | set(JITTED)
+        steps = ({name for m in STEP_MODULES for name in importlib.import_module(m).JITTED}
+                 | set(importlib.import_module("simulator.kernel_policies").INLINED) | set(JITTED))
         jitted = {name: (inline if name in steps else jit)(fn) for name, fn in plain.items()}
         for m in modules:
             for name, fn in plain.items():

@@ -25,6 +25,10 @@ REKEY_RESORT = 16                # more re-estimated rows than this: re-key ever
 KEY_ROW, KEY_REMAINING, KEY_SCORE = 0, 1, 2
 # how estimates reach the kernel
 PRED_NONE, PRED_STATIC, PRED_PYTHON, PRED_PREFILL = 0, 1, 2, 3
+# the step log's integer columns (Work.log_counts; simulator.engine.StepLog's fields of those names)
+LOG_COLUMNS = ("admitted", "decoded", "forced", "ready", "resident", "waiting", "arrived", "finished", "capacity_left")
+(LOG_ADMITTED, LOG_DECODED, LOG_FORCED, LOG_READY, LOG_RESIDENT, LOG_WAITING, LOG_ARRIVED, LOG_FINISHED,
+ LOG_CAPACITY_LEFT) = range(len(LOG_COLUMNS))
 
 #: the run's counters, carried across kernel calls (Python reads them between calls)
 STATE = np.dtype([
@@ -44,9 +48,12 @@ STATE = np.dtype([
     ("fb_n", np.int64), ("fb_groups", np.int64),   # finished rows buffered for feedback, and their steps
     ("status", np.int64), ("stall_ready", np.int64), ("stall_waiting", np.int64),
     ("next_yields_before", np.int64),   # the next SimPy event's count of step-loop timeouts before it
+    ("ltr_seen", np.int64),         # LTR: rows [0, ltr_seen) seen waiting by an admission call
+    ("ltr_idle_ptr", np.int64),     # LTR: rows below it are admitted or past their waiting promotion
     ("now", np.float64), ("abs_error", np.float64),
     ("charge", np.float64),         # the predictor's GPU debt the next step pays
     ("next_event", np.float64), ("gpu_s", np.float64),
+    ("aging_clock", np.float64),    # aging: the clock the standing orders' keys were computed at
 ])
 
 #: the step being composed and, once the kernel returns, the last step landed
@@ -57,6 +64,7 @@ BATCH = np.dtype([
     ("carried", np.int64), ("carried_chunk", np.int64), ("waiting", np.int64),
     ("n_admit", np.int64), ("n_first", np.int64), ("prefill_tokens", np.int64), ("prefill_sq", np.int64),
     ("context", np.int64), ("n_done", np.int64),
+    ("n_released", np.int64),       # closed loop: rows its completions submitted (at its end)
     ("start", np.float64), ("duration", np.float64),
 ])
 
@@ -104,6 +112,11 @@ class Work(NamedTuple):
     rekey: np.ndarray        # rows Python re-estimated (STATE.n_rekey of them)
     fb_rows: np.ndarray      # finished rows awaiting feedback
     fb_ends: np.ndarray      # ... grouped by the step they finished in
+    log_times: np.ndarray    # the step log (record_steps): per step, start and duration (float64, steps x 2)
+    log_counts: np.ndarray   # ... and the LOG_COLUMNS (int64, steps x 9); 0 rows without a log
+    runs_left: np.ndarray    # LTR's per-row state (policies.ltr_starvation: the policy's own arrays;
+    served_seen: np.ndarray  # ... empty for other policies)
+    first_waiting: np.ndarray
 
 
 class Settings(NamedTuple):
@@ -136,6 +149,13 @@ class Settings(NamedTuple):
     feedback_batch: int      # finished rows per feedback call (0: no feedback)
     refresh_every: int       # decode-time refresh every k tokens (0: none)
     after_prefill: bool      # an arrival-stage predictor observes the prefill (TRAIL's probe)
+    record_steps: bool       # keep the step log (Work.log_times, Work.log_counts)
+    aging: bool              # TIE's aging of every key (policies.aging)
+    aging_log_rate: float    # ... log(gamma) / tau
+    aging_every_s: float     # ... the aging clock's period
+    promotes: bool           # LTR's starvation rule (policies.ltr_starvation)
+    promote_after_idle: int  # ... promotes a row idle for this many steps
+    promoted_runs: int       # ... for this many runs
 
 
 def new_record(dtype: np.dtype) -> np.ndarray:

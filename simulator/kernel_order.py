@@ -47,6 +47,18 @@ def _rekey_sort(ord_keys, ord_rows, n, keys_on, predicted, generated):
         ord_keys[b + 1], ord_rows[b + 1] = kr, rr
 
 
+def _insertion_sort(ord_keys, ord_rows, n):
+    """Restore the (key, row) order of ``ord_rows[:n]`` after its keys moved: near linear when they
+    moved little (a decoded prefix, an online update's small shift, an aging clock's tick)."""
+    for a in range(1, n):
+        kr, rr = ord_keys[a], ord_rows[a]
+        b = a - 1
+        while b >= 0 and _before(kr, rr, ord_keys[b], ord_rows[b]):
+            ord_keys[b + 1], ord_rows[b + 1] = ord_keys[b], ord_rows[b]
+            b -= 1
+        ord_keys[b + 1], ord_rows[b + 1] = kr, rr
+
+
 def _ord_insert(ord_keys, ord_rows, n, kr, r):
     """Insert row ``r`` with key ``kr`` into the (key, row)-sorted ``ord_rows[:n]`` (binary search)."""
     lo, hi = 0, n
@@ -85,6 +97,35 @@ def _lru_remove(r, lru_prev, lru_next, head, tail):
     return head, tail
 
 
+def _sift_up(hk, hr, i):
+    """Move entry ``i`` of a min-heap by (key, row) up to its place."""
+    while i > 0:
+        parent = (i - 1) // 2
+        if _before(hk[i], hr[i], hk[parent], hr[parent]):
+            hk[i], hk[parent] = hk[parent], hk[i]
+            hr[i], hr[parent] = hr[parent], hr[i]
+            i = parent
+        else:
+            break
+
+
+def _sift_down(hk, hr, size, i):
+    """Move entry ``i`` of a min-heap by (key, row) of ``size`` entries down to its place."""
+    while True:
+        left = 2 * i + 1
+        if left >= size:
+            break
+        child = left
+        if left + 1 < size and _before(hk[left + 1], hr[left + 1], hk[left], hr[left]):
+            child = left + 1
+        if _before(hk[child], hr[child], hk[i], hr[i]):
+            hk[i], hk[child] = hk[child], hk[i]
+            hr[i], hr[child] = hr[child], hr[i]
+            i = child
+        else:
+            break
+
+
 def _heap_push(hk, hr, size, key, row):
     i = size
     hk[i], hr[i] = key, row
@@ -120,5 +161,11 @@ def _heap_pop(hk, hr, size):
     return size
 
 
+def _heapify(hk, hr, size):
+    """Restore the heap after its keys changed (an aging clock's tick re-keys every waiting row)."""
+    for i in range(size // 2 - 1, -1, -1):
+        _sift_down(hk, hr, size, i)
 
-JITTED = ("_key", "_locked", "_before", "_rekey_sort", "_ord_insert", "_lru_append", "_lru_remove", "_heap_push", "_heap_pop")
+
+JITTED = ("_key", "_locked", "_before", "_rekey_sort", "_insertion_sort", "_ord_insert", "_lru_append", "_lru_remove", "_sift_up",
+          "_sift_down", "_heap_push", "_heap_pop", "_heapify")

@@ -11,17 +11,18 @@ counters ``st`` and step ``b`` (:mod:`simulator.kernel_layout`). Plain Python th
 
 from __future__ import annotations
 
+from policies.trail_preemption import LOCKED_KEY
 from simulator.kernel_float import _pairwise
 from simulator.kernel_layout import KEY_ROW, PRED_NONE, PRED_PREFILL, PRED_STATIC
-from simulator.kernel_order import (
-    _heap_pop,
-    _heap_push,
-    _key,
-    _locked,
-    _lru_append,
-    _lru_remove,
-    _ord_insert,
-    _rekey_sort,
+from simulator.kernel_order import _before, _heap_pop, _heap_push, _locked, _lru_append, _lru_remove, _ord_insert
+from simulator.kernel_policies import (
+    _admission_key,
+    _aging_clock,
+    _aging_tick,
+    _decode_key,
+    _ltr_admission_keys,
+    _ltr_decode_keys,
+    _policy_rekey_sort,
 )
 
 
@@ -34,7 +35,7 @@ def _score_arrivals(t, w, s, st):
             t.first_predicted[r] = t.predicted[r]
             t.ready_s[r] = st.now
         if s.pred_mode != PRED_NONE and s.ordered:
-            st.heap = _heap_push(w.heap_keys, w.heap_rows, st.heap, t.predicted[r], r)
+            st.heap = _heap_push(w.heap_keys, w.heap_rows, st.heap, _admission_key(r, t, w, s, st), r)
         st.scored = r + 1
 
 
@@ -51,10 +52,11 @@ def _starving(t, s, now, j):
 
 def _rank(t, w, s, st, candidates, n_cand, at, k, skip_starving):
     """policies.selection.rank: the first ``k`` of ``candidates[:n_cand]`` by the policy's decode
-    keys, into ``chosen[at:at + k]``. Row order (FCFS); else TRAIL's locked rows first (row order)
-    then the (key, row) order of every resident (``ord_rows``), skipping the starving (not among
-    the candidates) and the locked already in; SSJF's override, when its first row starves: row
-    (arrival) order. True when the choice is that order's prefix."""
+    keys, into ``chosen[at:at + k]``. Row order (FCFS); else the (key, row) order of every resident
+    (``ord_rows``), skipping the starving (not among the candidates), with TRAIL's locked rows at
+    its ``LOCKED_KEY`` (first, whatever a rank predictor's scores are: only a key of -inf ties with
+    it) merged in; SSJF's override, when its first row starves: row (arrival) order. True when the
+    choice is that order's prefix."""
     chosen, step = w.chosen, st.step
     if s.keys_on == KEY_ROW or (s.starvation_override and n_cand and _starving(t, s, st.now, candidates[0])):
         for j in range(k):
@@ -65,14 +67,15 @@ def _rank(t, w, s, st, candidates, n_cand, at, k, skip_starving):
         for j in range(k):
             chosen[at + j] = w.ord_rows[j]
         return True
-    m = 0
-    if lock:
-        for j in range(n_cand):
-            if m < k and _locked(candidates[j], step, s.lock_after, t.last_served, t.generated, t.first_predicted):
-                chosen[at + m] = candidates[j]
-                m += 1
-    i = 0
+    # the locked candidates (key LOCKED_KEY, row order) merged into the (key, row) order of the rest
+    m, i = 0, 0
+    held = _next_locked(t, s, step, candidates, n_cand, 0) if lock else n_cand
     while m < k:
+        if held < n_cand and (i >= st.n_res or _before(LOCKED_KEY, candidates[held], w.ord_keys[i], w.ord_rows[i])):
+            chosen[at + m] = candidates[held]
+            m += 1
+            held = _next_locked(t, s, step, candidates, n_cand, held + 1)
+            continue
         r = w.ord_rows[i]
         i += 1
         if skip_starving and step - t.last_served[r] > s.wait_cap:
@@ -82,6 +85,14 @@ def _rank(t, w, s, st, candidates, n_cand, at, k, skip_starving):
         chosen[at + m] = r
         m += 1
     return False
+
+
+def _next_locked(t, s, step, candidates, n_cand, j):
+    """The index of the first locked row of ``candidates[j:n_cand]`` (``n_cand``: none)."""
+    while j < n_cand and not _locked(candidates[j], step, s.lock_after, t.last_served, t.generated,
+                                     t.first_predicted):
+        j += 1
+    return j
 
 
 def _choose_decodes(t, w, s, st, b):
@@ -116,9 +127,13 @@ def _choose_decodes(t, w, s, st, b):
         b.n_chosen, b.n_forced = slots, slots
     elif n_forced:
         k = min(slots - n_forced, n_other)
+        if s.promotes:   # the policy is asked for the keys of the rows not forced
+            _ltr_decode_keys(t, w, s, st, w.scratch, n_other)
         _rank(t, w, s, st, w.scratch, n_other, n_forced, k, True)
         b.n_chosen, b.n_forced = n_forced + k, n_forced
     else:
+        if s.promotes:
+            _ltr_decode_keys(t, w, s, st, w.resident, n_res)
         if _rank(t, w, s, st, w.resident, n_res, 0, slots, False):
             b.ord_dirty = slots   # only the prefix's keys change this step
         b.n_chosen, b.n_forced = slots, 0
@@ -133,6 +148,8 @@ def _admit(t, w, s, st, b):
     room = s.max_resident - st.n_res - (1 if st.partial >= 0 else 0)
     if budget > 0 and room > 0 and st.n_admitted < st.arrived:
         tokens, by_row, nxt = 0, not s.ordered, st.n_admitted
+        if s.ordered and s.promotes:   # the policy is asked for every waiting row's key
+            _ltr_admission_keys(t, w, s, st)
         if s.ordered and s.starvation_override:
             while t.admitted[st.admit_ptr]:
                 st.admit_ptr += 1
@@ -222,6 +239,8 @@ def _compose(t, w, s, st, b):
     """Scheduler.compose: decode choice, the prefill budget left (a carried chunk first), admission,
     prefill, the decodes' context. False when the step would make no progress (SimulationStalled:
     ``stall_ready`` / ``stall_waiting`` say why, a carried row as ``-1 - row``)."""
+    if s.aging and _aging_clock(st.now, s.aging_every_s) != st.aging_clock:
+        _aging_tick(t, w, s, st, _aging_clock(st.now, s.aging_every_s))
     _choose_decodes(t, w, s, st, b)
     budget = s.prefill_budget - (b.n_chosen if s.decodes_in_budget else 0)
     carried, chunk_c = st.partial, 0
@@ -340,11 +359,13 @@ def _retire(t, w, st, b, end):
         n_res += n_new
     st.n_res = n_res
     n = t.arrival.shape[0]
+    b.n_released = 0
     if st.released < n and b.n_done:
         fresh = min(b.n_done, n - st.released)
         for j in range(st.released, st.released + fresh):
             t.arrival[j] = end
         st.released += fresh
+        b.n_released = fresh
 
 
 def _reorder(t, w, s, st, b, n_before):
@@ -368,7 +389,7 @@ def _reorder(t, w, s, st, b, n_before):
         return
     n_ord = n_before
     # keys only fall, and only in the decoded prefix (all rows where the choice was not a prefix)
-    _rekey_sort(w.ord_keys, w.ord_rows, min(b.ord_dirty, n_ord), s.keys_on, t.predicted, t.generated)
+    _policy_rekey_sort(t, w, s, st, min(b.ord_dirty, n_ord))
     if b.n_done:
         m = 0
         for i in range(n_ord):
@@ -381,7 +402,7 @@ def _reorder(t, w, s, st, b, n_before):
         r = w.firsts[j]
         if t.finish_s[r] == t.finish_s[r]:
             continue
-        _ord_insert(w.ord_keys, w.ord_rows, n_ord, _key(r, s.keys_on, t.predicted, t.generated), r)
+        _ord_insert(w.ord_keys, w.ord_rows, n_ord, _decode_key(r, t, w, s, st), r)
         n_ord += 1
 
 
@@ -409,5 +430,5 @@ def _python_due(t, w, s, st, b):
     return prefill or refresh or fb_due
 
 
-JITTED = ("_score_arrivals", "_starving", "_rank", "_choose_decodes", "_admit", "_prefill", "_compose", "_note_decodes",
+JITTED = ("_score_arrivals", "_starving", "_rank", "_next_locked", "_choose_decodes", "_admit", "_prefill", "_compose", "_note_decodes",
           "_finish", "_land", "_retire", "_reorder", "_python_due")

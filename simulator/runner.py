@@ -17,7 +17,7 @@ from predictors import NO_PREDICTOR, make_predictor
 from predictors.base import PredictorOptions
 from predictors.gpu_cost import describe_cost
 from simulator.capacity import measure_capacity
-from simulator.compiled import KERNELS
+from simulator.compiled import DEFAULT_KERNEL, KERNELS
 from simulator.engine import EngineConfig, RunResult, Simulation
 from simulator.metrics import summarize
 from simulator.preset import recorded_engine_config, recorded_window
@@ -71,7 +71,9 @@ class RunConfig:
     charge_cost: bool = True
     preset: str | None = None
     engine_overrides: tuple[tuple[str, Any], ...] = ()
-    kernel: str = "reference"           # the engine's implementation; outputs are identical (not recorded)
+    # the engine's implementation (the compiled step, or the reference SimPy loop that defines it, which
+    # a configuration the kernel does not cover falls back to); outputs are identical (not recorded)
+    kernel: str = DEFAULT_KERNEL
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:

@@ -19,10 +19,23 @@ def pytest_collection_modifyitems(config, items):
 
 def _run_order(item) -> int:
     """Tests that start a vLLM engine in this process (marker ``capture``) first, the compiled-kernel
-    identity tests last, everything else (some of which runs the kernel) between."""
+    identity tests last, everything else (most of which runs the kernel: it is the default) between."""
     if item.get_closest_marker("capture") is not None:
         return 0
-    return 2 if item.path.name == "test_compiled.py" else 1
+    return 2 if item.path.name.startswith("test_compiled") else 1
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_kernel_cache(tmp_path_factory):
+    """One numba cache of the compiled kernel for the session, inherited by the subprocesses the tests
+    start: the kernel runs by default, and a test that gives a run its own ``LEAP_CACHE_DIR`` would
+    otherwise compile it again (~20 CPU-s a process). A cache the caller set is kept."""
+    if "NUMBA_CACHE_DIR" in os.environ:
+        yield
+        return
+    os.environ["NUMBA_CACHE_DIR"] = str(tmp_path_factory.getbasetemp() / "numba")
+    yield
+    del os.environ["NUMBA_CACHE_DIR"]
 
 
 @pytest.fixture

@@ -57,6 +57,7 @@ def test_bench_simulator_runs(tmp_path):
     assert proc.stdout.count("identical finish times") == 3
     if "compiled kernel unavailable" not in proc.stdout:   # prepare against the loop at each --scale size
         assert "prepare vs loop" in proc.stdout and proc.stdout.count("us per request in all") == 2
+        assert "per-pair coverage" in proc.stdout   # how many predictor x policy pairs run compiled
     if "compiled kernel start-up" in proc.stdout:   # with numba: the second process loads the cached kernel
         line = next(x for x in proc.stdout.splitlines() if "compiled kernel start-up" in x)
         assert "first process" in line and "second" in line and "failed" not in line, line

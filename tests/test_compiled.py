@@ -278,8 +278,6 @@ def test_compiled_matches_reference_with_refreshing_predictors(case, every, stag
     output = "rank" if case.seed % 3 == 0 and case.policy != "trail-preemption" else "length"
     case.chunked_prefill = case.seed % 5 == 0
     case.decodes_in_budget = case.seed % 7 == 0
-    if stage == "prefill":
-        case.closed_loop = None
     profile = UnitProfile() if case.step_time == "unit" else make_profile("qwen3-8b-h100")
     ref = simulate(case, "reference", profile, Refreshing(case.fixed, output, every, stage))
     assert_identical(ref, simulate(case, "compiled", profile, Refreshing(case.fixed, output, every, stage)))
@@ -427,16 +425,25 @@ def test_compiled_matches_reference_on_recorded_preset(policy, predictor, arriva
 
 
 def test_unsupported_configuration_says_so_and_uses_the_reference(capsys):
+    """A policy without a compiled form (every registered one has one) runs on the reference engine."""
+    from policies.countdown import Countdown
+    from predictors.oracle import Oracle
     from simulator.compiled import note_fallback
 
+    class Uncompiled(Countdown):
+        name = "uncompiled"
+
+        def compiled_form(self):
+            return None
+
     note_fallback.cache_clear()
-    config = RunConfig(trace="sharegpt-lengths", predictor="oracle", policy="aging", load=1.0, requests=200)
-    ref_summary, ref = execute(prepare(config))
-    comp_summary, comp = execute(prepare(dataclasses.replace(config, kernel="compiled")))
-    assert "--kernel compiled: policy 'aging' is not compiled" in capsys.readouterr().err
-    assert_identical(ref, comp)
-    execute(prepare(dataclasses.replace(config, kernel="compiled")))
-    assert "--kernel compiled" not in capsys.readouterr().err   # said once per process
+    workload = trace_from_arrays("fallback", [20] * 40, list(range(1, 41)))
+    runs = [Simulation(workload, np.arange(40) * 0.01, policy=Uncompiled(), predictor=Oracle(), profile=UnitProfile(),
+                       config=REGISTRY_CONFIG, kernel=kernel).run() for kernel in ("reference", "compiled", "compiled")]
+    err = capsys.readouterr().err
+    assert "--kernel compiled: policy 'uncompiled' is not compiled (fcfs, countdown, aging" in err
+    assert err.count("--kernel compiled") == 1   # said once per process
+    assert_identical(runs[0], runs[1])
 
 
 def test_unknown_kernel_is_refused():
@@ -449,7 +456,8 @@ def test_without_numba_compiled_runs_the_reference(monkeypatch, capsys):
 
     monkeypatch.setattr(compiled, "load_kernel", lambda: None)
     compiled.note_fallback.cache_clear()
-    config = RunConfig(trace="sharegpt-lengths", predictor="oracle", policy="countdown", load=1.0, requests=200)
+    config = RunConfig(trace="sharegpt-lengths", predictor="oracle", policy="countdown", load=1.0, requests=200,
+                       kernel="reference")
     _, ref = execute(prepare(config))
     _, comp = execute(prepare(dataclasses.replace(config, kernel="compiled")))
     assert "--kernel compiled: numba is not installed (or does not load); this run uses the reference engine" \

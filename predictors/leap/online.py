@@ -18,6 +18,7 @@ import numpy as np
 from core.readout import get_target, with_bias
 from core.trace import Trace
 from predictors.base import PendingUpdate, Predictor, PredictorOptions
+from predictors.leap import online_rule
 from predictors.leap.cost import rls_update_cpu_s
 from predictors.leap.frozen import Leap
 from predictors.leap.rls import AnchoredRLS
@@ -52,7 +53,7 @@ class LeapRLS(Leap):
         readout = self.readout
         self._Z = readout.standardize(X, dtype=np.float32)      # rows of the bound workload
         self.rls = AnchoredRLS.from_weights(readout.theta, self._gram)   # fresh anchor per run
-        self._published = self.rls.theta
+        self._published = self.rls.theta   # the published weights, written in place (the kernel reads them)
         self._published_version = 0
         self._version = 0
         self._buffer_rows: list[np.ndarray] = []
@@ -62,8 +63,27 @@ class LeapRLS(Leap):
 
     def predict(self, rows, known=None) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64)
-        theta = self._published
-        return self.readout.output(self._Z[rows].astype(np.float64) @ theta[:-1] + theta[-1])
+        rule = self.estimate_rule
+        if rule is None:   # a log target: numpy's exp
+            theta = self._published
+            return self.readout.output(self._Z[rows].astype(np.float64) @ theta[:-1] + theta[-1])
+        return online_rule.estimates(self._Z, rows, self._published, *rule)
+
+    @property
+    def estimate_rule(self) -> tuple[bool, float, float, float] | None:
+        """(square, lo, hi, cap) of :func:`predictors.leap.online_rule.estimate_row` for this read-out's
+        target, or None for a target the rule does not cover (log)."""
+        readout = self.readout
+        if readout.target not in ("sqrt", "length"):
+            return None
+        lo, hi = readout.bounds
+        return readout.target == "sqrt", float(lo), float(hi), float(readout.cap)
+
+    def online_estimates(self) -> tuple | None:
+        """(standardised rows, published weights, rule settings) for the compiled kernel's prefill
+        estimates (:mod:`simulator.kernel_online`), or None when the rule does not cover the target."""
+        rule = self.estimate_rule
+        return None if rule is None else (self._Z, self._published, *rule)
 
     def fixed_estimates(self) -> np.ndarray | None:
         return None   # each publish changes the weights
@@ -94,7 +114,7 @@ class LeapRLS(Leap):
 
     def _publish(self, version: int, theta: np.ndarray) -> None:
         if version > self._published_version:       # an older snapshot never replaces a newer one
-            self._published = theta
+            self._published[:] = theta
             self._published_version = version
 
     @property
