@@ -240,8 +240,10 @@ def pair_coverage(trace_name: str = "lmsys", n: int = 48) -> None:
             outcome[f"not built here ({str(exc).splitlines()[0]})"] += 1
             continue
         outcome[unsupported(sim) or "compiled"] += 1
-    print(f"  per-pair coverage ({trace_name}, {len(workload)} rows): {outcome.pop('compiled', 0)} of {len(pairs)} "
-          f"predictor x policy pairs run compiled; the others use the reference engine:")
+    compiled = outcome.pop("compiled", 0)
+    rest = "; the others use the reference engine:" if outcome else ""
+    print(f"  per-pair coverage ({trace_name}, {len(workload)} rows): {compiled} of {len(pairs)} "
+          f"predictor x policy pairs run compiled{rest}")
     for reason, count in outcome.most_common():
         print(f"    {count:3d}  {reason}")
 
