@@ -157,20 +157,9 @@ RULES = ("observe_row", "estimate_row", "prefill_row", "after_prefill_row", "lat
 def load() -> bool:
     """Compile the rules with numba in place (True), or keep the plain Python (False, no numba).
     Compiled like the kernel (no reference counts, cached on disk in the kernel's cache folder)."""
-    try:
-        import numba
-    except ImportError:
-        return False
-    from simulator.kernel import numba_cache_folder
+    from simulator.kernel import compile_rules_in_place
 
-    saved, numba.config.CACHE_DIR = numba.config.CACHE_DIR, numba_cache_folder()
-    try:
-        jit = numba.njit(nogil=True, cache=True, _nrt=False)
-        for name in RULES:
-            globals()[name] = jit(globals()[name])
-    finally:
-        numba.config.CACHE_DIR = saved
-    return True
+    return compile_rules_in_place(globals(), RULES)
 
 
 def power_table(T: np.ndarray, cap: int) -> np.ndarray:

@@ -46,19 +46,19 @@ def _decode_key(r, t, w, s, st):
     """The policy's decode key of row ``r``: countdown's (policies.countdown.remaining; ``_key``),
     aged at the stored aging clock (Aging.decode_keys) or put first while promoted
     (LTRStarvation.decode_keys)."""
-    key = _key(r, s.keys_on, t.predicted, t.generated)
-    if s.aging:
-        return _aged(key, t.arrival[r], st.aging_clock, s.aging_log_rate)
-    if s.promotes and w.runs_left[r] > 0:
-        return key - PROMOTED_OFFSET
-    return key
+    return _policy_key(_key(r, s.keys_on, t.predicted, t.generated), r, t, w, s, st)
 
 
 def _admission_key(r, t, w, s, st):
     """The policy's admission key of row ``r``: its estimate (Countdown.admission_keys, SSJF's
     outside its override), aged (Aging.admission_keys) or put first while promoted
     (LTRStarvation.admission_keys)."""
-    key = t.predicted[r]
+    return _policy_key(t.predicted[r], r, t, w, s, st)
+
+
+def _policy_key(key, r, t, w, s, st):
+    """Row ``r``'s base ``key`` as the policy leaves it: aged at the stored aging clock (Aging.aged)
+    or put first while promoted (LTRStarvation: ``base - PROMOTED_OFFSET``)."""
     if s.aging:
         return _aged(key, t.arrival[r], st.aging_clock, s.aging_log_rate)
     if s.promotes and w.runs_left[r] > 0:
@@ -148,8 +148,8 @@ def _heap_rekey(hk, hr, size, row, key):
             return
 
 
-JITTED = ("_aged", "_decode_key", "_admission_key", "_policy_rekey_sort", "_aging_clock", "_aging_tick",
+JITTED = ("_aged", "_policy_key", "_decode_key", "_admission_key", "_policy_rekey_sort", "_aging_clock", "_aging_tick",
           "_ltr_decode_keys", "_ltr_admission_keys", "_heap_rekey")
 #: inlined into the step (the keys, on every path); the rest are called, so that their bodies, run only
 #: by aging and LTR, do not weigh on the other policies' compiled step (inlined, countdown ran 1.3x slower)
-INLINED = ("_aged", "_decode_key", "_admission_key", "_policy_rekey_sort", "_aging_clock")
+INLINED = ("_aged", "_policy_key", "_decode_key", "_admission_key", "_policy_rekey_sort", "_aging_clock")

@@ -56,20 +56,9 @@ RULES = ("estimate_row", "estimate_rows")
 @functools.lru_cache(maxsize=1)
 def load() -> bool:
     """Compile the rule with numba in place (True), or keep the plain Python (False, no numba)."""
-    try:
-        import numba
-    except ImportError:
-        return False
-    from simulator.kernel import numba_cache_folder
+    from simulator.kernel import compile_rules_in_place
 
-    saved, numba.config.CACHE_DIR = numba.config.CACHE_DIR, numba_cache_folder()
-    try:
-        jit = numba.njit(nogil=True, cache=True, _nrt=False)
-        for name in RULES:
-            globals()[name] = jit(globals()[name])
-    finally:
-        numba.config.CACHE_DIR = saved
-    return True
+    return compile_rules_in_place(globals(), RULES)
 
 
 def estimates(Z: np.ndarray, rows: np.ndarray, theta: np.ndarray, square: bool, lo: float, hi: float,
