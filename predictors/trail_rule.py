@@ -157,9 +157,9 @@ RULES = ("observe_row", "estimate_row", "prefill_row", "after_prefill_row", "lat
 def load() -> bool:
     """Compile the rules with numba in place (True), or keep the plain Python (False, no numba).
     Compiled like the kernel (no reference counts, cached on disk in the kernel's cache folder)."""
-    from simulator.kernel import compile_rules_in_place
+    from core.jit import compile_in_place
 
-    return compile_rules_in_place(globals(), RULES)
+    return compile_in_place(globals(), RULES, __file__)
 
 
 def power_table(T: np.ndarray, cap: int) -> np.ndarray:

@@ -156,24 +156,6 @@ def _kernel_sources() -> bytes:
     return b"".join(Path(importlib.import_module(m).__file__ or "").read_bytes() for m in KERNEL_MODULES)
 
 
-def compile_rules_in_place(namespace: dict, names) -> bool:
-    """numba-compile a rule module's plain-Python functions ``names`` in place, as the kernel is
-    compiled (no reference counts, cached in the kernel's folder): True; False without numba, when
-    the plain Python runs (the same operations, so the same bits)."""
-    try:
-        import numba
-    except ImportError:
-        return False
-    saved, numba.config.CACHE_DIR = numba.config.CACHE_DIR, numba_cache_folder()
-    try:
-        jit = numba.njit(nogil=True, cache=True, _nrt=False)
-        for name in names:
-            namespace[name] = jit(namespace[name])
-    finally:
-        numba.config.CACHE_DIR = saved
-    return True
-
-
 def numba_cache_folder() -> str:
     """Where numba caches this kernel: ``$NUMBA_CACHE_DIR``, else leap-sched's cache, in a folder
     named by the kernel's sources and the values compiled in from other modules. numba re-validates
@@ -181,12 +163,11 @@ def numba_cache_folder() -> str:
     a changed ``REMAINING_FLOOR`` or ``LOCKED_KEY``), so any change leads to another folder."""
     compiled_in = (("REMAINING_FLOOR", REMAINING_FLOOR), ("LOCKED_KEY", LOCKED_KEY), ("KEY_SCALE", KEY_SCALE),
                    ("SCORE_FLOOR", SCORE_FLOOR), ("PROMOTED_OFFSET", PROMOTED_OFFSET), ("UNSEEN", UNSEEN))
-    from core.io import cache_dir
+    from core.jit import numba_cache_base
 
     digest = hashlib.sha256(repr(compiled_in).encode())
     digest.update(_kernel_sources())
-    base = os.environ.get("NUMBA_CACHE_DIR") or str(cache_dir() / "numba")
-    return os.path.join(base, f"kernel-{digest.hexdigest()[:12]}")
+    return os.path.join(numba_cache_base(), f"kernel-{digest.hexdigest()[:12]}")
 
 
 @functools.lru_cache(maxsize=1)

@@ -56,9 +56,9 @@ RULES = ("estimate_row", "estimate_rows")
 @functools.lru_cache(maxsize=1)
 def load() -> bool:
     """Compile the rule with numba in place (True), or keep the plain Python (False, no numba)."""
-    from simulator.kernel import compile_rules_in_place
+    from core.jit import compile_in_place
 
-    return compile_rules_in_place(globals(), RULES)
+    return compile_in_place(globals(), RULES, __file__)
 
 
 def estimates(Z: np.ndarray, rows: np.ndarray, theta: np.ndarray, square: bool, lo: float, hi: float,

@@ -1,0 +1,38 @@
+"""numba's disk cache for this project, and compiling plain-Python rule modules in place.
+
+Below every package that compiles (the simulator's kernel, the predictors' rules), so that a rule
+written once for both kernels never has to import the simulator to be compiled."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+
+def numba_cache_base() -> str:
+    """``$NUMBA_CACHE_DIR``, else leap-sched's cache: where every compiled function's folder lies."""
+    from core.io import cache_dir
+
+    return os.environ.get("NUMBA_CACHE_DIR") or str(cache_dir() / "numba")
+
+
+def compile_in_place(namespace: dict, names, source_file: str) -> bool:
+    """numba-compile a rule module's plain-Python functions ``names`` in place, as the kernel is
+    compiled (no reference counts), cached in a folder named by the module's source (numba
+    re-validates a cached function by its own file only; the rules call nothing outside it): True.
+    False without numba, when the plain Python runs (the same operations, so the same bits)."""
+    try:
+        import numba
+    except ImportError:
+        return False
+    source = Path(source_file)
+    folder = f"rules-{source.stem}-{hashlib.sha256(source.read_bytes()).hexdigest()[:12]}"
+    saved, numba.config.CACHE_DIR = numba.config.CACHE_DIR, os.path.join(numba_cache_base(), folder)
+    try:
+        jit = numba.njit(nogil=True, cache=True, _nrt=False)
+        for name in names:
+            namespace[name] = jit(namespace[name])
+    finally:
+        numba.config.CACHE_DIR = saved
+    return True
