@@ -12,11 +12,18 @@ times, F L R O F L R O ..., each run preceded by a host-speed check against a ca
   then each drawn run's requests with replacement, both for the policy and for FCFS. Seeded
   (``BOOTSTRAP_SEED``), so the same runs give the same interval.
 - ``speed_vs_calibration``: the run's check (the one recorded before it) against the calibration,
-  and ``speed_after_vs_calibration``, the next check recorded after it (the host after the run).
+  and ``speed_after_vs_calibration``, the next check recorded after it (the host after the run);
+  ``checked_speed``: the geometric mean of the two (the one before where no check follows), the
+  host's speed during the run as the checks bracket it.
+- ``step_time_ratio_at_checked_speed``, ``mean_e2e_err_at_checked_speed``,
+  ``p95_e2e_err_at_checked_speed``: the run replayed under the calibration scaled to its checked
+  speed (``Calibration.at_speed``): the calibration's prediction of the run, with the host's drift
+  since the calibration measured beside the run rather than fitted on it (``at_run_speed`` is the
+  latter, a diagnostic).
 - ``excluded``: why a run is left out of the interval: a check more than ``EXCLUDE_SPEED_OFF``
   off the calibration, or no check at all. Excluded runs are listed in every row of the group.
-- ``sim_gain_vs_fcfs_calibrated``: the same pooled gain from replays under the calibrated profile
-  scaled to each run's checked speed (``Calibration.at_speed``), beside the measured interval.
+- ``sim_gain_vs_fcfs_calibrated``: the same pooled gain from those replays at each run's checked
+  speed, beside the measured interval.
 """
 
 from __future__ import annotations
@@ -98,6 +105,25 @@ def run_speeds(run: str, checks: list[Calibration]) -> tuple[float | None, float
     return None, None
 
 
+def checked_speed(before: float | None, after: float | None) -> float | None:
+    """The host's speed during a run from the checks that bracket it (geometric mean: a speed is a
+    ratio); the check before it alone when none follows."""
+    if before is None:
+        return None
+    return before if after is None else float(np.sqrt(before * after))
+
+
+def replay_at_checked_speed(trace: Trace, calibration: Calibration, speed: float, predictor_cost: str) -> dict:
+    """The run replayed under the calibration scaled to ``speed``: its simulated mean PTL (for the
+    simulated gain) and the calibration's errors against what was measured."""
+    # a calibration stands in for the profile run (name, path, steps: what the fit reads)
+    row = validate_serving(trace, cast(Trace, calibration.at_speed(speed)), predictor_cost, reference=True)
+    return {"sim_mean_ptl_s_at_checked_speed": row["sim_mean_ptl_s"],
+            "step_time_ratio_at_checked_speed": row["step_time_ratio"],
+            "mean_e2e_err_at_checked_speed": row["mean_e2e_err"],
+            "p95_e2e_err_at_checked_speed": row["p95_e2e_err"]}
+
+
 def exclusion(before: float | None, after: float | None, tolerance: float = EXCLUDE_SPEED_OFF) -> str | None:
     if before is None:
         return "no host-speed check recorded for this run"
@@ -119,9 +145,12 @@ def add_gain_intervals(rows: list[dict], traces: list[Trace], calibration: Calib
         groups.setdefault(group_key(t), []).append(t)
         before, after = run_speeds(t.name, checks) if calibration is not None else (None, None)
         row = by_name.get(t.name, {})
-        row.update(speed_vs_calibration=before, speed_after_vs_calibration=after,
+        speed = checked_speed(before, after)
+        row.update(speed_vs_calibration=before, speed_after_vs_calibration=after, checked_speed=speed,
                    excluded=exclusion(before, after, tolerance) if calibration is not None else None,
                    real_gain_vs_fcfs_ci95=None, sim_gain_vs_fcfs_calibrated=None)
+        if calibration is not None and speed is not None and t.name in by_name:
+            row.update(replay_at_checked_speed(t, calibration, speed, predictor_cost))
     summaries = []
     for key, runs in groups.items():
         fcfs = next((g for k, g in groups.items() if k[:2] == key[:2] and k[2] == "fcfs" and k[3] == "none"), None)
@@ -133,6 +162,7 @@ def add_gain_intervals(rows: list[dict], traces: list[Trace], calibration: Calib
                    "runs": [t.name for t in used], "fcfs_runs": [t.name for t in fcfs_used],
                    "speed_vs_calibration": {t.name: by_name.get(t.name, {}).get("speed_vs_calibration")
                                             for t in runs + fcfs},
+                   "checked_speed": {t.name: by_name.get(t.name, {}).get("checked_speed") for t in runs + fcfs},
                    "excluded": {t.name: by_name[t.name]["excluded"] for t in runs + fcfs
                                 if by_name.get(t.name, {}).get("excluded")},
                    "real_gain_vs_fcfs_pooled": None, "real_gain_vs_fcfs_ci95": None,
@@ -144,8 +174,7 @@ def add_gain_intervals(rows: list[dict], traces: list[Trace], calibration: Calib
             if len(used) >= 2 and len(fcfs_used) >= 2:
                 summary["real_gain_vs_fcfs_ci95"] = bootstrap_gain_ci(policy_ptl, fcfs_ptl)
             if calibration is not None:
-                summary["sim_gain_vs_fcfs_calibrated"] = _sim_gain_at_speed(used, fcfs_used, by_name, calibration,
-                                                                            predictor_cost)
+                summary["sim_gain_vs_fcfs_calibrated"] = _sim_gain_at_speed(used, fcfs_used, by_name)
         for t in runs:
             if t.name in by_name:
                 by_name[t.name].update({k: summary[k] for k in (
@@ -156,22 +185,21 @@ def add_gain_intervals(rows: list[dict], traces: list[Trace], calibration: Calib
     return summaries
 
 
-def _sim_gain_at_speed(runs: list[Trace], fcfs: list[Trace], rows: dict, calibration: Calibration,
-                       predictor_cost: str) -> float:
-    """Pooled simulated gain: every run replayed under the calibration scaled to its own checked
-    speed (its request count weights its mean PTL, as pooling does for the measured gain)."""
-    def pooled(group: list[Trace]) -> float:
+def _sim_gain_at_speed(runs: list[Trace], fcfs: list[Trace], rows: dict) -> float | None:
+    """Pooled simulated gain of the replays at each run's checked speed (its request count weights
+    its mean PTL, as pooling does for the measured gain); None unless every run has one."""
+    def pooled(group: list[Trace]) -> float | None:
         total = count = 0.0
         for t in group:
-            speed = rows.get(t.name, {}).get("speed_vs_calibration") or 1.0
-            # a calibration stands in for the profile run (name, path, steps: what the fit reads)
-            source = cast(Trace, calibration.at_speed(speed))
-            row = validate_serving(t, source, predictor_cost, reference=True)
-            total += row["sim_mean_ptl_s"] * row["requests"]
+            row = rows.get(t.name, {})
+            if row.get("sim_mean_ptl_s_at_checked_speed") is None:
+                return None
+            total += row["sim_mean_ptl_s_at_checked_speed"] * row["requests"]
             count += row["requests"]
         return total / count
 
-    return float(pooled(runs) / pooled(fcfs) - 1.0)
+    policy, base = pooled(runs), pooled(fcfs)
+    return None if policy is None or base is None else float(policy / base - 1.0)
 
 
 def gains_section(summaries: list[dict]) -> str:
@@ -183,7 +211,7 @@ def gains_section(summaries: list[dict]) -> str:
         return "-" if x is None else f"{100 * x:+.1f}%"
 
     def speeds(names, s):
-        return ", ".join(f"{n} ({s['speed_vs_calibration'][n]:.3f}x)" if s["speed_vs_calibration"].get(n) else n
+        return ", ".join(f"{n} ({s['checked_speed'][n]:.3f}x)" if s["checked_speed"].get(n) else n
                          for n in names) or "-"
 
     lines = ["", "### Wall-clock gains over repeats (bootstrap 95% interval)", "",
@@ -196,6 +224,27 @@ def gains_section(summaries: list[dict]) -> str:
         lines.append(f"| {s['load']} | {s['policy']} | {s['predictor']} | {speeds(s['runs'], s)} | "
                      f"{speeds(s['fcfs_runs'], s)} | {pct(s['real_gain_vs_fcfs_pooled'])} | {interval} | "
                      f"{pct(s['sim_gain_vs_fcfs_calibrated'])} | {excluded} |")
+    return "\n".join(lines) + "\n"
+
+
+def calibration_section(rows: list[dict]) -> str:
+    """Markdown: the calibration against each checked run, scaled to the run's checked speed."""
+    rows = [r for r in rows if r.get("checked_speed") is not None]
+    if not rows:
+        return ""
+
+    def fmt(x, spec):
+        return "-" if x is None else format(x, spec)
+
+    lines = ["", "### The calibration against each run, at the run's checked speed", "",
+             "| run | check before | check after | checked speed | steps x checked profile | "
+             "mean e2e err | p95 e2e err | excluded |", "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: r["run"]):
+        lines.append(f"| {r['run']} | {fmt(r['speed_vs_calibration'], '.3f')} | "
+                     f"{fmt(r['speed_after_vs_calibration'], '.3f')} | {r['checked_speed']:.3f} | "
+                     f"{fmt(r.get('step_time_ratio_at_checked_speed'), '.3f')} | "
+                     f"{fmt(r.get('mean_e2e_err_at_checked_speed'), '+.1%')} | "
+                     f"{fmt(r.get('p95_e2e_err_at_checked_speed'), '+.1%')} | {'yes' if r['excluded'] else 'no'} |")
     return "\n".join(lines) + "\n"
 
 

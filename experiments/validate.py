@@ -26,7 +26,13 @@ import numpy as np
 
 from core.errors import OneLineParser, run_command
 from core.trace import Trace, TraceError, load_trace
-from experiments.gains import EXCLUDE_SPEED_OFF, add_gain_intervals, gains_section, load_profile_source
+from experiments.gains import (
+    EXCLUDE_SPEED_OFF,
+    add_gain_intervals,
+    calibration_section,
+    gains_section,
+    load_profile_source,
+)
 from experiments.replay_errors import replay_errors
 from experiments.serving_render import serving_report_section
 from experiments.serving_runs import SIDE_TABLE_SUFFIXES
@@ -196,6 +202,7 @@ def _validate(argv: list[str]) -> int:
         if serving_rows:
             print(serving_report_section(serving_rows), end="")
             print(gains_section(gains), end="")
+            print(calibration_section(serving_rows), end="")
         if step_rows:
             print(step_runs_section(step_rows), end="")
     return 0

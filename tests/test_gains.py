@@ -16,6 +16,8 @@ from experiments.gains import (
     EXCLUDE_SPEED_OFF,
     add_gain_intervals,
     bootstrap_gain_ci,
+    calibration_section,
+    checked_speed,
     checks_of,
     exclusion,
     gains_section,
@@ -113,6 +115,14 @@ def test_group_fields_on_every_repeat_and_excluded_runs_left_out(tmp_path, monke
     ptl["o-r3"] = ptl["o-r3"] * 3.0          # a run on a slow host: must not enter the interval
     monkeypatch.setattr(gains, "request_ptl", lambda t: ptl[t.name])
     monkeypatch.setattr(gains, "_sim_gain_at_speed", lambda *a: -0.25)
+    replayed = {}
+
+    def replay(t, cal, speed, cost):
+        replayed[t.name] = speed
+        return {"sim_mean_ptl_s_at_checked_speed": 1.0, "step_time_ratio_at_checked_speed": 1.01,
+                "mean_e2e_err_at_checked_speed": -0.02, "p95_e2e_err_at_checked_speed": 0.03}
+
+    monkeypatch.setattr(gains, "replay_at_checked_speed", replay)
     cal = load_calibration(_write(tmp_path, "set", "calibration", "2026-01-01T00:00:00"))
     for i, n in enumerate(names):
         speed = 1.2 if n == "o-r3" else 1.0
@@ -137,6 +147,26 @@ def test_group_fields_on_every_repeat_and_excluded_runs_left_out(tmp_path, monke
     assert by["o-r1"]["sim_gain_vs_fcfs_calibrated"] == -0.25
     table = gains_section(summaries)
     assert "o-r3" in table and "[" in table and "f-r1 (1.000x)" in table
+    # every checked run is replayed at the speed its checks bracket: f-r3 between 1.0 and 1.2
+    assert replayed["f-r3"] == pytest.approx(np.sqrt(1.2)) and replayed["o-r3"] == 1.2   # o-r3: last, no after
+    assert by["f-r3"]["checked_speed"] == pytest.approx(np.sqrt(1.2))
+    per_run = calibration_section(rows)
+    assert per_run.count("\n| ") == 1 + len(names) and "| o-r3 | 1.200 | - | 1.200 | 1.010 | -2.0% | +3.0% | yes |" in per_run
+
+
+def test_checked_speed_is_the_geometric_mean_of_the_bracketing_checks():
+    assert checked_speed(1.0, 1.21) == pytest.approx(1.1)
+    assert checked_speed(0.9, None) == 0.9
+    assert checked_speed(None, 1.0) is None
+
+
+def test_simulated_gain_pools_the_replays_at_checked_speed():
+    rows = {"a": {"sim_mean_ptl_s_at_checked_speed": 0.5, "requests": 100},
+            "b": {"sim_mean_ptl_s_at_checked_speed": 1.0, "requests": 300},
+            "f": {"sim_mean_ptl_s_at_checked_speed": 1.0, "requests": 200}}
+    runs = [SimpleNamespace(name="a"), SimpleNamespace(name="b")]
+    assert gains._sim_gain_at_speed(runs, [SimpleNamespace(name="f")], rows) == pytest.approx(0.875 - 1.0)
+    assert gains._sim_gain_at_speed(runs, [SimpleNamespace(name="missing")], rows) is None
 
 
 def test_single_runs_get_no_interval(monkeypatch):
