@@ -20,8 +20,11 @@ times, F L R O F L R O ..., each run preceded by a host-speed check against a ca
   speed (``Calibration.at_speed``): the calibration's prediction of the run, with the host's drift
   since the calibration measured beside the run rather than fitted on it (``at_run_speed`` is the
   latter, a diagnostic).
-- ``excluded``: why a run is left out of the interval: a check more than ``EXCLUDE_SPEED_OFF``
-  off the calibration, or no check at all. Excluded runs are listed in every row of the group.
+- ``excluded``: why a run is left out of the interval: a check before or after it more than
+  ``EXCLUDE_SPEED_OFF`` off ``speed_reference`` (by default the median checked speed of the runs
+  validated together: the speed the compared runs share, since the host drifts away from a
+  calibration within minutes; or the calibration itself), or no check at all. Excluded runs are
+  listed in every row of the group.
 - ``sim_gain_vs_fcfs_calibrated``: the same pooled gain from those replays at each run's checked
   speed, beside the measured interval.
 """
@@ -124,30 +127,51 @@ def replay_at_checked_speed(trace: Trace, calibration: Calibration, speed: float
             "p95_e2e_err_at_checked_speed": row["p95_e2e_err"]}
 
 
-def exclusion(before: float | None, after: float | None, tolerance: float = EXCLUDE_SPEED_OFF) -> str | None:
+#: what a run's host speed is held against: the median checked speed of the runs validated together
+#: (the session's own speed: what the runs compared with one another share), or the calibration
+SPEED_REFERENCES = ("set", "calibration")
+
+
+def speed_centre(speeds: list[float | None], reference: str) -> float:
+    """The speed a run's checks must stay near: 1.0 (the calibration) or the median checked speed
+    of the set; the calibration when no run has a check."""
+    if reference not in SPEED_REFERENCES:
+        raise ValueError(f"--speed-reference {reference!r}: choose from {', '.join(SPEED_REFERENCES)}")
+    known = [x for x in speeds if x is not None]
+    return float(np.median(known)) if reference == "set" and known else 1.0
+
+
+def exclusion(before: float | None, after: float | None, tolerance: float = EXCLUDE_SPEED_OFF,
+              centre: float = 1.0) -> str | None:
     if before is None:
         return "no host-speed check recorded for this run"
+    against = "the calibration" if centre == 1.0 else f"the set's median {centre:.3f}x"
     for label, speed in (("before", before), ("after", after)):
-        if speed is not None and abs(speed - 1.0) > tolerance:
-            return (f"host {label} the run at {speed:.3f}x the calibration's step time "
-                    f"(limit {tolerance:.0%} either way)")
+        if speed is not None and abs(speed / centre - 1.0) > tolerance:
+            return (f"host {label} the run at {speed:.3f}x the calibration's step time, {speed / centre - 1:+.1%} "
+                    f"off {against} (limit {tolerance:.0%} either way)")
     return None
 
 
 def add_gain_intervals(rows: list[dict], traces: list[Trace], calibration: Calibration | None = None,
-                       predictor_cost: str = "none", tolerance: float = EXCLUDE_SPEED_OFF) -> list[dict]:
+                       predictor_cost: str = "none", tolerance: float = EXCLUDE_SPEED_OFF,
+                       reference: str = "set") -> list[dict]:
     """Add the speed, exclusion and interval fields to each row (by run name); return one summary
     per non-FCFS group with an FCFS group beside it."""
     by_name = {r["run"]: r for r in rows}
     checks = checks_of(calibration) if calibration is not None else []
+    ordered = sorted(traces, key=lambda t: t.name)
+    speeds = {t.name: run_speeds(t.name, checks) if calibration is not None else (None, None) for t in ordered}
+    centre = speed_centre([checked_speed(*s) for s in speeds.values()], reference)
     groups: dict[tuple, list[Trace]] = {}
-    for t in sorted(traces, key=lambda t: t.name):
+    for t in ordered:
         groups.setdefault(group_key(t), []).append(t)
-        before, after = run_speeds(t.name, checks) if calibration is not None else (None, None)
+        before, after = speeds[t.name]
         row = by_name.get(t.name, {})
         speed = checked_speed(before, after)
         row.update(speed_vs_calibration=before, speed_after_vs_calibration=after, checked_speed=speed,
-                   excluded=exclusion(before, after, tolerance) if calibration is not None else None,
+                   speed_reference=centre if calibration is not None else None,
+                   excluded=exclusion(before, after, tolerance, centre) if calibration is not None else None,
                    real_gain_vs_fcfs_ci95=None, sim_gain_vs_fcfs_calibrated=None)
         if calibration is not None and speed is not None and t.name in by_name:
             row.update(replay_at_checked_speed(t, calibration, speed, predictor_cost))

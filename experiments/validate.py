@@ -28,6 +28,7 @@ from core.errors import OneLineParser, run_command
 from core.trace import Trace, TraceError, load_trace
 from experiments.gains import (
     EXCLUDE_SPEED_OFF,
+    SPEED_REFERENCES,
     add_gain_intervals,
     calibration_section,
     gains_section,
@@ -143,8 +144,11 @@ def _validate(argv: list[str]) -> int:
                    help="serving runs: the source trace they were served from, by path (checked by content hash)")
     p.add_argument("--speed-tolerance", type=float, default=EXCLUDE_SPEED_OFF, metavar="FRACTION",
                    help="serving runs with --profile-from CALIBRATION: a run whose host-speed check before or "
-                        f"after it is more than this far from the calibration is excluded from the gain "
+                        f"after it is more than this far from --speed-reference is excluded from the gain "
                         f"intervals, and listed (default {EXCLUDE_SPEED_OFF})")
+    p.add_argument("--speed-reference", choices=SPEED_REFERENCES, default="set",
+                   help="serving runs with --profile-from CALIBRATION: hold each run's checks against the median "
+                        "checked speed of the runs given (set, default) or against the calibration")
     p.add_argument("--json", action="store_true", help="one JSON object per run")
     args = p.parse_args(argv)
     if not (0 < args.speed_tolerance < 1):
@@ -191,7 +195,7 @@ def _validate(argv: list[str]) -> int:
     for row in serving_rows:   # a wall-clock run: no step-level equality to check
         row.update(clock="seconds", finish_step_match_share=None)
     gains = add_gain_intervals(serving_rows, serving, calibration, args.predictor_cost,
-                               args.speed_tolerance) if serving else []
+                               args.speed_tolerance, args.speed_reference) if serving else []
     step_rows = [validate_step_run(t) for t in stepped]
     if args.json:
         for row in serving_rows + step_rows:

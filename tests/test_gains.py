@@ -193,3 +193,35 @@ def test_speed_tolerance_out_of_range_is_one_line_exit_2(capsys):
     assert main(["--speed-tolerance", "3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--speed-tolerance 3" in err[0]
+
+
+def _checked_set(tmp_path, speeds: dict[str, float]):
+    cal = load_calibration(_write(tmp_path, "set", "calibration", "2026-01-01T00:00:00"))
+    for i, (n, speed) in enumerate(speeds.items()):
+        _write(tmp_path, f"{n}.check", "check", f"2026-01-01T00:{10 + i}:00", calibration={"name": "set"}, run=n,
+               speed_vs_calibration={"median": speed})
+    return cal
+
+
+def test_a_host_that_drifted_since_the_calibration_keeps_the_runs_that_share_its_speed(tmp_path, monkeypatch):
+    """Every check 9% faster than the calibration, one run's 7% off the others: against the set's
+    median only that run (and the one before it, whose after-check it is) is excluded; against
+    the calibration every run is."""
+    speeds = {"f-r1": 0.91, "o-r1": 0.91, "f-r2": 0.92, "o-r2": 0.975, "f-r3": 0.91, "o-r3": 0.905}
+    cal = _checked_set(tmp_path, speeds)
+    monkeypatch.setattr(gains, "request_ptl", lambda t: np.full(10, 0.7 if t.name.startswith("o") else 1.0))
+    monkeypatch.setattr(gains, "replay_at_checked_speed", lambda *a: {"sim_mean_ptl_s_at_checked_speed": None})
+    traces = [_trace(n, "fcfs" if n.startswith("f") else "countdown", "none" if n.startswith("f") else "oracle")
+              for n in speeds]
+    rows = [{"run": n} for n in speeds]
+    (s,) = add_gain_intervals(rows, traces, cal)
+    assert sorted(s["excluded"]) == ["f-r2", "o-r2"] and "off the set's median 0.9" in s["excluded"]["o-r2"]
+    assert s["runs"] == ["o-r1", "o-r3"] and s["real_gain_vs_fcfs_ci95"] is not None
+    assert rows[0]["speed_reference"] == pytest.approx(np.median([np.sqrt(a * b) for a, b in zip(
+        list(speeds.values()), list(speeds.values())[1:])] + [0.905]))
+    rows = [{"run": n} for n in speeds]
+    (s,) = add_gain_intervals(rows, traces, cal, reference="calibration")
+    assert sorted(s["excluded"]) == sorted(speeds) and s["real_gain_vs_fcfs_pooled"] is None
+    assert "off the calibration" in s["excluded"]["o-r1"]
+    with pytest.raises(ValueError, match="--speed-reference"):
+        add_gain_intervals(rows, traces, cal, reference="median")
