@@ -66,11 +66,19 @@ def main() -> int:
     ap.add_argument("--scale", default="10000,100000,1000000", metavar="N,N,...",
                     help="compiled runs of N lengths-only requests at 1x: prepare (tiling, capacity, arrivals, "
                          "binding) against the loop, per size ('' to skip)")
+    ap.add_argument("--scale-loads", default="1.0,0.8", metavar="X,X,...",
+                    help="the loads of the --scale runs (default 1x, the critical load, and 0.8x)")
     args = ap.parse_args()
     try:
         args.scale = [int(x) for x in args.scale.split(",") if x.strip()]
     except ValueError:
         ap.error(f"--scale: expected comma-separated request counts, got {args.scale!r}")
+    try:
+        args.scale_loads = [float(x) for x in args.scale_loads.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--scale-loads: expected comma-separated loads, got {args.scale_loads!r}")
+    if not all(x > 0 for x in args.scale_loads):
+        ap.error("--scale-loads: every load must be > 0")
     if args.requests < 1 or args.repeat < 1 or (args.load is not None and not args.load > 0) or args.million < 0 \
             or any(n < 1 for n in args.scale):
         ap.error("--requests, --repeat and --scale sizes must be >= 1, --load > 0 and --million >= 0")
@@ -249,34 +257,51 @@ def pair_coverage(trace_name: str = "lmsys", n: int = 48) -> None:
 
 
 def prepare_vs_loop(args) -> None:
-    """Compiled runs of each --scale size of lengths-only requests (the trace tiled) at 1x in this
-    process (the kernel already compiled), with an empty capacity cache that the first size fills
-    (a tiled run's capacity is its trace's): CPU seconds of prepare and of the loop."""
+    """Compiled runs of each --scale size of lengths-only requests (the trace tiled) at each
+    --scale-loads load in this process (the kernel already compiled), with an empty capacity cache
+    that the first size fills (a tiled run's capacity is its trace's): CPU seconds of prepare and of
+    the loop, the simulated work per request (engine steps, queue wait) and how flat the cost per
+    request is across sizes. At 1x (critical load) the queue grows with the run's length, so the
+    simulated system itself differs by size; below it the system is the same at every size."""
     import os
 
     from core.trace import bundled_trace_names as bundled
 
     trace = "sharegpt-lengths" if "sharegpt-lengths" in bundled() else args.trace
-    print(f"  prepare vs loop, {trace} tiled, FCFS at 1x, compiled (capacity cache empty before the first size):")
     before = os.environ.get("LEAP_CACHE_DIR")
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as cache:
         os.environ["LEAP_CACHE_DIR"] = cache
         try:
-            for n in args.scale:
-                started = time.process_time()
-                prepared = prepare(RunConfig(trace=trace, tile=n, load=1.0, kernel="compiled"))
-                prepare_s = time.process_time() - started
-                summary, result = execute(prepared)
-                loop_s = result.sim_cpu_s
-                print(f"    {n:>9,}: prepare {prepare_s:7.2f} CPU-s, loop {loop_s:7.2f} CPU-s (prepare/loop "
-                      f"{prepare_s / loop_s:4.2f}); per request: prepare {prepare_s / n * 1e6:5.2f} us, "
-                      f"{(prepare_s + loop_s) / n * 1e6:5.2f} us per request in all, "
-                      f"{n / (prepare_s + loop_s):,.0f} req/CPU-s")
+            for load in args.scale_loads:
+                print(f"  prepare vs loop, {trace} tiled, FCFS at {load:g}x, compiled (capacity cache empty "
+                      "before the first size of the first load):")
+                costs = [_scale_run(trace, n, load) for n in args.scale]
+                if len(costs) > 1:
+                    print(f"    cost per request in all, largest / smallest over the sizes: "
+                          f"{max(costs) / min(costs):.2f}x (issue 24 asks <= 1.15x)")
         finally:
             if before is None:
                 os.environ.pop("LEAP_CACHE_DIR", None)
             else:
                 os.environ["LEAP_CACHE_DIR"] = before
+
+
+def _scale_run(trace: str, n: int, load: float) -> float:
+    """One compiled run of ``n`` tiled requests at ``load``; prints it, returns CPU-s per request."""
+    import numpy as np
+
+    started = time.process_time()
+    prepared = prepare(RunConfig(trace=trace, tile=n, load=load, kernel="compiled"))
+    prepare_s = time.process_time() - started
+    summary, result = execute(prepared)
+    loop_s = result.sim_cpu_s
+    wait = float(np.mean(result.admit_s - result.arrival_s))
+    print(f"    {n:>9,}: prepare {prepare_s:7.2f} CPU-s, loop {loop_s:7.2f} CPU-s (prepare/loop "
+          f"{prepare_s / loop_s:4.2f}); per request: prepare {prepare_s / n * 1e6:5.2f} us, "
+          f"{(prepare_s + loop_s) / n * 1e6:5.2f} us in all, {n / (prepare_s + loop_s):,.0f} req/CPU-s; "
+          f"simulated: {result.steps / n:.2f} steps per request, loop {loop_s / result.steps * 1e6:.2f} us per "
+          f"step, mean queue wait {wait:.1f} s")
+    return (prepare_s + loop_s) / n
 
 
 def time_predictor(predictor) -> list[float]:

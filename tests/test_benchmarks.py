@@ -56,7 +56,9 @@ def test_bench_simulator_runs(tmp_path):
     assert proc.stdout.count("requests/CPU-s") == 6   # 3 cases x (reference, compiled)
     assert proc.stdout.count("identical finish times") == 3
     if "compiled kernel unavailable" not in proc.stdout:   # prepare against the loop at each --scale size
-        assert "prepare vs loop" in proc.stdout and proc.stdout.count("us per request in all") == 2
+        # each size at each of the default loads (1x, 0.8x), then the flatness over the sizes per load
+        assert proc.stdout.count("prepare vs loop") == 2 and proc.stdout.count("us in all") == 4
+        assert proc.stdout.count("largest / smallest over the sizes") == 2 and "steps per request" in proc.stdout
         assert "per-pair coverage" in proc.stdout   # how many predictor x policy pairs run compiled
     if "compiled kernel start-up" in proc.stdout:   # with numba: the second process loads the cached kernel
         line = next(x for x in proc.stdout.splitlines() if "compiled kernel start-up" in x)
