@@ -259,23 +259,25 @@ def pair_coverage(trace_name: str = "lmsys", n: int = 48) -> None:
 def prepare_vs_loop(args) -> None:
     """Compiled runs of each --scale size of lengths-only requests (the trace tiled) at each
     --scale-loads load in this process (the kernel already compiled), with an empty capacity cache
-    that the first size fills (a tiled run's capacity is its trace's): CPU seconds of prepare and of
-    the loop, the simulated work per request (engine steps, queue wait) and how flat the cost per
-    request is across sizes. At 1x (critical load) the queue grows with the run's length, so the
-    simulated system itself differs by size; below it the system is the same at every size."""
+    that the very first run fills (a tiled run's capacity is its trace's): CPU seconds of prepare
+    and of the loop (medians of up to 3 runs), the simulated work per request (engine steps, queue
+    wait) and how flat the cost per request is across sizes. At 1x (critical load) the queue grows
+    with the run's length, so the simulated system itself differs by size; below it the system is
+    the same at every size."""
     import os
 
     from core.trace import bundled_trace_names as bundled
 
     trace = "sharegpt-lengths" if "sharegpt-lengths" in bundled() else args.trace
+    repeats = max(1, min(args.repeat, 3))
     before = os.environ.get("LEAP_CACHE_DIR")
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as cache:
         os.environ["LEAP_CACHE_DIR"] = cache
         try:
             for load in args.scale_loads:
-                print(f"  prepare vs loop, {trace} tiled, FCFS at {load:g}x, compiled (capacity cache empty "
-                      "before the first size of the first load):")
-                costs = [_scale_run(trace, n, load) for n in args.scale]
+                print(f"  prepare vs loop, {trace} tiled, FCFS at {load:g}x, compiled, median of {repeats} "
+                      f"run(s) per size:")
+                costs = [_scale_size(trace, n, load, repeats) for n in args.scale]
                 if len(costs) > 1:
                     print(f"    cost per request in all, largest / smallest over the sizes: "
                           f"{max(costs) / min(costs):.2f}x (issue 24 asks <= 1.15x)")
@@ -286,21 +288,27 @@ def prepare_vs_loop(args) -> None:
                 os.environ["LEAP_CACHE_DIR"] = before
 
 
-def _scale_run(trace: str, n: int, load: float) -> float:
-    """One compiled run of ``n`` tiled requests at ``load``; prints it, returns CPU-s per request."""
+def _scale_size(trace: str, n: int, load: float, repeats: int) -> float:
+    """``repeats`` compiled runs of ``n`` tiled requests at ``load``; prints the medians, returns
+    the median CPU-s per request (prepare and loop)."""
     import numpy as np
 
-    started = time.process_time()
-    prepared = prepare(RunConfig(trace=trace, tile=n, load=load, kernel="compiled"))
-    prepare_s = time.process_time() - started
-    summary, result = execute(prepared)
-    loop_s = result.sim_cpu_s
+    prepares, loops = [], []
+    for _ in range(repeats):
+        started = time.process_time()
+        prepared = prepare(RunConfig(trace=trace, tile=n, load=load, kernel="compiled"))
+        prepares.append(time.process_time() - started)
+        summary, result = execute(prepared)
+        loops.append(result.sim_cpu_s)
+    prepare_s, loop_s = statistics.median(prepares), statistics.median(loops)
     wait = float(np.mean(result.admit_s - result.arrival_s))
+    first = (f" (first run's prepare {prepares[0]:.2f} CPU-s: it measured the capacity, cached after)"
+             if prepares[0] > 3 * prepare_s + 0.01 else "")
     print(f"    {n:>9,}: prepare {prepare_s:7.2f} CPU-s, loop {loop_s:7.2f} CPU-s (prepare/loop "
           f"{prepare_s / loop_s:4.2f}); per request: prepare {prepare_s / n * 1e6:5.2f} us, "
           f"{(prepare_s + loop_s) / n * 1e6:5.2f} us in all, {n / (prepare_s + loop_s):,.0f} req/CPU-s; "
           f"simulated: {result.steps / n:.2f} steps per request, loop {loop_s / result.steps * 1e6:.2f} us per "
-          f"step, mean queue wait {wait:.1f} s")
+          f"step, mean queue wait {wait:.1f} s{first}")
     return (prepare_s + loop_s) / n
 
 
