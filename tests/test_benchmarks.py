@@ -71,3 +71,27 @@ def test_bench_leap_runs(tmp_path):
                           env=bench_env(tmp_path), cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert isinstance(json.loads(proc.stdout), dict)
+
+
+def test_bench_leap_breakdown_runs(tmp_path):
+    # a slice of the recorded trace (leap reads its hidden states); numba's cache as the other kernel tests use it
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_leap_breakdown.py"), "--requests", "120",
+                           "--repeat", "1"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    if "compiled kernel unavailable" in proc.stdout:
+        return
+    assert proc.stdout.count("req/CPU-s") == 4   # oracle, leap and the two what-if replays
+    assert "publishes in compiled code" in proc.stdout and "steps with forced rows" in proc.stdout
+    assert "leap and its fixed-estimates replay: identical finish times" in proc.stdout
+
+
+def test_bench_leap_breakdown_refuses_a_trace_without_hidden_states(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_leap_breakdown.py"), "--trace",
+                           "sharegpt-lengths", "--repeat", "1"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, timeout=600)
+    if "compiled kernel unavailable" in proc.stdout:
+        return
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
+    assert proc.stdout == "" and "feat_last" in proc.stderr   # refused before any run
+    assert "Traceback" not in proc.stderr
