@@ -31,12 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from simulator import compiled  # noqa: E402
+from simulator import compiled, kernel_layout  # noqa: E402
 from simulator.config import EngineConfig  # noqa: E402
 from simulator.kernel_layout import PRED_STATIC, REKEY_RESORT  # noqa: E402
 from simulator.runner import RunConfig, execute, prepare  # noqa: E402
 
-STATUS = {0: "DONE_OR_CHUNK", 1: "STALLED", 2: "NEEDS_SCORES", 3: "AFTER_STEP", 4: "NEEDS_EVENT"}
+#: the kernel's exit statuses by value, named as simulator.kernel_layout defines them
+STATUS = {getattr(kernel_layout, name): name
+          for name in ("DONE_OR_CHUNK", "STALLED", "NEEDS_SCORES", "AFTER_STEP", "NEEDS_EVENT")}
 #: the replays: (predictor, what-if) with what-if None (the run itself), "fixed" or "by row"
 CASES = (("oracle", None), ("leap", None), ("leap", "fixed"), ("oracle", "by row"))
 LABELS = {None: "", "fixed": " (estimates fixed from the start, nothing published)",
