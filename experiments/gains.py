@@ -142,10 +142,11 @@ def speed_centre(speeds: list[float | None], reference: str) -> float:
 
 
 def exclusion(before: float | None, after: float | None, tolerance: float = EXCLUDE_SPEED_OFF,
-              centre: float = 1.0) -> str | None:
+              centre: float = 1.0, against: str = "the calibration") -> str | None:
+    """Why a run is left out (None: it is kept): no check, or a check before or after it more than
+    ``tolerance`` off ``centre`` (the calibration's 1.0, or the set's median, named by ``against``)."""
     if before is None:
         return "no host-speed check recorded for this run"
-    against = "the calibration" if centre == 1.0 else f"the set's median {centre:.3f}x"
     for label, speed in (("before", before), ("after", after)):
         if speed is not None and abs(speed / centre - 1.0) > tolerance:
             return (f"host {label} the run at {speed:.3f}x the calibration's step time, {speed / centre - 1:+.1%} "
@@ -163,6 +164,7 @@ def add_gain_intervals(rows: list[dict], traces: list[Trace], calibration: Calib
     ordered = sorted(traces, key=lambda t: t.name)
     speeds = {t.name: run_speeds(t.name, checks) if calibration is not None else (None, None) for t in ordered}
     centre = speed_centre([checked_speed(*s) for s in speeds.values()], reference)
+    against = f"the set's median {centre:.3f}x" if reference == "set" else "the calibration"
     groups: dict[tuple, list[Trace]] = {}
     for t in ordered:
         groups.setdefault(group_key(t), []).append(t)
@@ -171,7 +173,7 @@ def add_gain_intervals(rows: list[dict], traces: list[Trace], calibration: Calib
         speed = checked_speed(before, after)
         row.update(speed_vs_calibration=before, speed_after_vs_calibration=after, checked_speed=speed,
                    speed_reference=centre if calibration is not None else None,
-                   excluded=exclusion(before, after, tolerance, centre) if calibration is not None else None,
+                   excluded=exclusion(before, after, tolerance, centre, against) if calibration is not None else None,
                    real_gain_vs_fcfs_ci95=None, sim_gain_vs_fcfs_calibrated=None)
         if calibration is not None and speed is not None and t.name in by_name:
             row.update(replay_at_checked_speed(t, calibration, speed, predictor_cost))
