@@ -28,6 +28,11 @@ PROBE_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 1800.0
 
 
+def base_url(server: str) -> str:
+    """The server's root (its ``/v1`` suffix, if given, dropped): the plugin's and vLLM's paths start here."""
+    return server.rstrip("/").removesuffix("/v1")
+
+
 class ServerError(Exception):
     """The server refused or broke a request (one line: what and why)."""
 

@@ -11,16 +11,36 @@ from __future__ import annotations
 
 import asyncio
 import datetime as _dt
+import ipaddress
 import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
 from capture import CaptureError
 from capture.record import host_description
+from live.http_client import base_url
 from live.serve_files import write_json
 from live.serve_records import check_written
+
+#: How the trace's times were taken (its ``timing`` metadata).
+SERVER_TIMING = ("open loop through HTTP: each request is sent (a streamed chat completion) at its "
+                 "planned arrival (planned_arrival_s); arrival_s is the client's send time from the start "
+                 "of the run segment, shifted onto the planned time axis (see serving.segments); "
+                 "ttft_s, e2e_s and token_times_s are seconds from the send to the client's reading of "
+                 "each token's chunk; all timings on the client's host, server in eager mode")
+
+
+def server_label(server: str) -> str:
+    """The server as metadata may name it: ``127.0.0.1:PORT`` on the loopback, else only ``remote``."""
+    url = urlsplit(server)
+    try:
+        loopback = ipaddress.ip_address(url.hostname or "").is_loopback
+    except ValueError:
+        loopback = url.hostname == "localhost"
+    return f"127.0.0.1:{url.port}" if loopback else "remote"
 
 
 def engine_desc(args, w, settings: dict) -> dict:
@@ -82,7 +102,6 @@ def _serve_segment(args, w, store, served_model: str, log) -> dict:
     from live.config import PROMPT_TEXT_KEY
     from live.http_client import ServerError, chat_body, serve_schedule
     from live.serve_records import serve_table
-    from live.server_run import base_url
 
     done = store.done_ids("gen")
     todo = [(float(w.planned[i]), r) for i, r in enumerate(w.reqs) if r.request_id not in done]
@@ -126,7 +145,6 @@ def _serve_segment(args, w, store, served_model: str, log) -> dict:
 
 def trace_meta(args, w, settings: dict, store, run_config: dict, stats: dict) -> dict:
     from capture.model import model_id
-    from live.server_run import SERVER_TIMING, server_label
 
     leap = settings["leap"]             # the server's scheduler, as it reported it
     segments = [json.loads(f.read_text()) for f in sorted(store.dir.glob("segment-*.json"))]

@@ -21,7 +21,6 @@ and Ctrl-C work as in the in-process run (finished requests are kept in ``OUT.pa
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,13 +29,9 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from capture import CaptureError
+from live.http_client import base_url
 from live.serve_files import file_ref
-
-SERVER_TIMING = ("open loop through HTTP: each request is sent (a streamed chat completion) at its "
-                 "planned arrival (planned_arrival_s); arrival_s is the client's send time from the start "
-                 "of the run segment, shifted onto the planned time axis (see serving.segments); "
-                 "ttft_s, e2e_s and token_times_s are seconds from the send to the client's reading of "
-                 "each token's chunk; all timings on the client's host, server in eager mode")
+from live.server_record import record_run, server_label
 
 
 @dataclass
@@ -119,20 +114,6 @@ async def fetch_settings(server: str) -> dict:
     return got
 
 
-def base_url(server: str) -> str:
-    return server.rstrip("/").removesuffix("/v1")
-
-
-def server_label(server: str) -> str:
-    """The server as metadata may name it: ``127.0.0.1:PORT`` on the loopback, else only ``remote``."""
-    url = urlsplit(server)
-    try:
-        loopback = ipaddress.ip_address(url.hostname or "").is_loopback
-    except ValueError:
-        loopback = url.hostname == "localhost"
-    return f"127.0.0.1:{url.port}" if loopback else "remote"
-
-
 def expected_settings(args, w: ServerWorkload) -> dict:
     """The server settings these flags mean (compared with what the server reports)."""
 
@@ -204,6 +185,4 @@ def run_against_server(args, got: dict, w: ServerWorkload, log) -> int:
     log(f"server {server_label(args.server)}: {got['scheduler_cls']}, {got['leap']['policy']}/"
         f"{got['leap']['predictor']}, {got['leap']['decode_slots']} of {got['max_num_seqs']} decode; "
         f"{len(w.reqs)} prompts tokenized alike")
-    from live.server_record import record_run
-
     return record_run(args, w, public_settings(got), model, log)

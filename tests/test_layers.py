@@ -97,3 +97,70 @@ def test_live_never_imports_the_simulator(tmp_path):
     (tmp_path / "live").mkdir()
     (tmp_path / "live" / "calibrate.py").write_text("def fit():\n    from simulator.profiles import make_profile\n")
     assert violations(tmp_path) == ["live/calibrate.py:2: live (floor 3) imports simulator (floor 3)"]
+
+
+# ----------------------------------------------------------------------------- no circles between modules
+def module_name(root: Path, path: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_imports(root: Path) -> dict[str, set[str]]:
+    """Each project module -> the project modules it imports (every import statement, also one inside
+    a function; ``from pkg import sub`` names the submodule ``pkg.sub`` when there is one)."""
+    paths = {module_name(root, p): p for package in FLOOR_OF if (root / package).is_dir()
+             for p in (root / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(here[:len(here) - node.level + 1] + ([node.module] if node.module else []))
+                targets |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in paths else base
+                            for alias in node.names}
+        graph[name] = {t for t in targets if t in paths and t != name}
+    return graph
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """The circles of :func:`module_imports`: each strongly connected group of two or more modules, sorted."""
+    graph, order, low, stack, out = module_imports(root), {}, {}, [], []
+
+    def visit(v: str) -> None:   # Tarjan's strongly connected components
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            group = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in order:
+            visit(v)
+    return sorted(out)
+
+
+def test_no_module_imports_itself_through_others():
+    assert import_cycles(ROOT) == []
+
+
+def test_the_cycle_check_sees_a_circle_also_through_a_function(tmp_path):
+    (tmp_path / "live").mkdir()
+    (tmp_path / "live" / "__init__.py").write_text("")
+    (tmp_path / "live" / "run.py").write_text("from live.record import record\n")
+    (tmp_path / "live" / "record.py").write_text("def record():\n    from live import run\n")
+    (tmp_path / "live" / "other.py").write_text("from .run import x\nfrom . import record\n")
+    assert import_cycles(tmp_path) == [["live.record", "live.run"]]
+    assert module_imports(tmp_path)["live.other"] == {"live.run", "live.record"}

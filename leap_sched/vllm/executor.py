@@ -22,6 +22,8 @@ CHANNEL_ATTR = "leap_channel"
 class Executor(UniProcExecutor):
     """vLLM's ``uni`` executor (the model runs in the engine-core process) that installs LEAP's hook."""
 
+    installs_leap_hook = True   # settings.INSTALLS_HOOK: what check_executor accepts
+
     def _init_executor(self) -> None:
         with refusing():
             check_vllm(leap_entry(self.vllm_config))

@@ -23,6 +23,9 @@ from leap_sched.vllm import CONFIG_KEY, EXECUTOR_CLS, WORKER_EXTENSION_CLS
 from live.common import LiveConfigError
 from live.config import LiveSchedulerConfig, model_id_of
 
+#: What the plugin's executor (:class:`leap_sched.vllm.executor.Executor`) declares, True: it installs
+#: LEAP's hook in the engine-core process (read here, so that this module need not import it).
+INSTALLS_HOOK = "installs_leap_hook"
 #: Plugin-only keys of the ``leap`` entry (not scheduler settings).
 PLUGIN_KEYS = {"allow_untested_vllm": False, "log_interval_s": 10.0}
 
@@ -93,10 +96,8 @@ def check_executor(vllm_config) -> None:
     the hook, in the engine-core process beside the scheduler."""
     from vllm.v1.executor.abstract import Executor as VllmExecutor
 
-    from leap_sched.vllm.executor import Executor
-
     backend = vllm_config.parallel_config.distributed_executor_backend
-    if not issubclass(VllmExecutor.get_class(vllm_config), Executor):
+    if getattr(VllmExecutor.get_class(vllm_config), INSTALLS_HOOK, False) is not True:
         raise LiveConfigError(f"executor {getattr(backend, '__name__', backend)!r}: leap_sched runs with its own "
                               f"one-process executor; pass --distributed-executor-backend {EXECUTOR_CLS}")
 
