@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.arrivals import read_timestamps_csv, rescale_to_rate
+from core.arrivals import poisson_offsets, read_timestamps_csv, rescale_to_rate
 from core.io import shareable_path
 from core.trace import Trace
 from simulator.stepclock import step_arrivals
@@ -98,9 +98,7 @@ def make_arrivals(spec: ArrivalSpec, workload: Trace, rate: float | None, seed: 
     if rate is None:
         raise ValueError(f"--arrivals {spec.kind} needs an arrival rate")
     if spec.kind == "poisson":
-        rng = np.random.default_rng(seed)
-        gaps = rng.exponential(1.0 / rate, size=n)
-        return np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+        return poisson_offsets(n, rate, seed)
     if spec.kind == "trace":
         own = workload.arrival_s
         if own is None:

@@ -164,3 +164,23 @@ def test_the_cycle_check_sees_a_circle_also_through_a_function(tmp_path):
     (tmp_path / "live" / "other.py").write_text("from .run import x\nfrom . import record\n")
     assert import_cycles(tmp_path) == [["live.record", "live.run"]]
     assert module_imports(tmp_path)["live.other"] == {"live.run", "live.record"}
+
+
+def exponential_draws(root: Path) -> list[str]:
+    """``file:line`` of every ``.exponential(`` call in the project's packages."""
+    return [f"{path.relative_to(root).as_posix()}:{node.lineno}"
+            for package in FLOOR_OF if (root / package).is_dir() for path in sorted((root / package).rglob("*.py"))
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "exponential"]
+
+
+def test_one_poisson_arrival_process():
+    """``core.arrivals.poisson_offsets`` is the one Poisson draw; the simulator and live runs call it."""
+    assert [where.split(":")[0] for where in exponential_draws(ROOT)] == ["core/arrivals.py"]
+
+
+def test_the_poisson_check_sees_a_second_draw(tmp_path):
+    (tmp_path / "simulator").mkdir()
+    (tmp_path / "simulator" / "workload.py").write_text("import numpy as np\n\n"
+                                                        "gaps = np.random.default_rng(0).exponential(2.0, 5)\n")
+    assert exponential_draws(tmp_path) == ["simulator/workload.py:3"]
