@@ -242,8 +242,7 @@ def pair_coverage(trace_name: str = "lmsys", n: int = 48) -> None:
     for pred, pol in pairs:
         try:
             sim = Simulation(workload, np.zeros(len(workload)), policy=make_policy(pol),
-                             predictor=None if pred == "none" else make_predictor(pred), profile=profile,
-                             kernel="compiled")
+                             predictor=None if pred == "none" else make_predictor(pred), profile=profile)
         except (ValueError, OSError) as exc:   # no weights for this predictor here: say so, go on
             outcome[f"not built here ({str(exc).splitlines()[0]})"] += 1
             continue

@@ -117,6 +117,7 @@ def simulate_segments(workload: Trace, segment: np.ndarray, policy_name: str, pr
     from predictors.base import PredictorOptions
     from simulator.compiled import DEFAULT_KERNEL
     from simulator.engine import Simulation
+    from simulator.runner import run_simulation
 
     n = len(workload)
     seg = np.asarray(segment, dtype=np.int64)
@@ -136,8 +137,8 @@ def simulate_segments(workload: Trace, segment: np.ndarray, policy_name: str, pr
         if predictor_name != NO_PREDICTOR:
             predictor = make_predictor(predictor_name, PredictorOptions(train_trace=train, update_every=update_every))
         sim = Simulation(part, arrival, policy=make_policy(policy_name), predictor=predictor, profile=profile,
-                         config=config, seed=0, charge_cost=charge_cost, kernel=kernel)
-        result = sim.run()
+                         config=config, seed=0, charge_cost=charge_cost)
+        result = run_simulation(sim, kernel)
         row_of = {rid: i for i, rid in enumerate(result.rows_request_id.tolist())}
         order = np.array([row_of[rid] for rid in part.request_id.tolist()], dtype=np.int64)
         e2e[rows] = (result.finish_s - result.arrival_s)[order]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import numpy as np
 from core.capacity_cache import cache_key, cache_path, read_entry, write_entry
 from core.trace import Trace
 from policies.fcfs import FCFS
-from simulator.engine import Simulation
+from simulator.engine import RunResult, Simulation
 
 CAPACITY_DEFINITION = ("steady-state saturated FCFS: a seeded shuffle of the workload repeated to at least "
                        "8 x max_resident requests, all queued at t=0; completions per second between the "
@@ -71,11 +72,12 @@ def capacity_key(workload: Trace, profile_desc: dict, config_desc: dict) -> str:
                       "engine": config_desc, "definition": CAPACITY_DEFINITION, "code": _code_version()})
 
 
-def measure_capacity(workload: Trace, profile, config, kernel: str = "reference") -> float:
+def measure_capacity(workload: Trace, profile, config,
+                     run: Callable[[Simulation], RunResult] = Simulation.run) -> float:
     """Steady-state saturated FCFS throughput (req/s) of this workload's mix on this engine,
     cached on disk (see :data:`CAPACITY_DEFINITION`). Measured on a long stream resampled from the
-    workload, so that it does not depend on the trace's size or its longest request. ``kernel``:
-    the engine implementation that measures it (the compiled one gives the same bytes)."""
+    workload, so that it does not depend on the trace's size or its longest request. ``run``: how the
+    measuring simulation runs (the runner's choice of kernel; the compiled one gives the same bytes)."""
     key = capacity_key(workload, profile.describe(), asdict(config))
     path = cache_path(CAPACITY_FILE)
     cached = read_entry(path, key)
@@ -85,8 +87,7 @@ def measure_capacity(workload: Trace, profile, config, kernel: str = "reference"
     stream = workload.take(rows)
     # queued at once, in stream order: arrival offsets far below one step keep that order
     arrival = np.arange(len(rows)) * 1e-9
-    result = Simulation(stream, arrival, policy=FCFS(), predictor=None, profile=profile, config=config,
-                        kernel=kernel).run()
+    result = run(Simulation(stream, arrival, policy=FCFS(), predictor=None, profile=profile, config=config))
     capacity = float(saturated_throughput(result.admit_s, result.finish_s, config.max_resident))
     write_entry(path, key, {"capacity_req_s": capacity, "trace": workload.name, "requests": len(workload),
                             "stream_requests": len(rows), "engine": profile.describe().get("name"),

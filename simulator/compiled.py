@@ -78,7 +78,7 @@ from simulator.kernel_trail import advance_trail, compiled_trail
 from simulator.prediction import refresh_due
 
 KERNELS = ("reference", "compiled")
-DEFAULT_KERNEL = "compiled"      # simulate's, RunConfig's and leap-validate's replays' (Simulation's: the reference)
+DEFAULT_KERNEL = "compiled"      # simulate's, RunConfig's and leap-validate's replays' (Simulation.run's: the reference)
 CHUNK_STEPS = 1 << 16            # steps per kernel call (progress reports between calls)
 
 

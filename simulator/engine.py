@@ -16,8 +16,9 @@ policy's ranking. The true output length is read only to decide completion.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 import numpy as np
 import simpy
@@ -25,7 +26,6 @@ import simpy
 from core.trace import Trace
 from policies.base import Policy, SchedulerView
 from predictors.base import Predictor, PredictorCost
-from simulator.compiled import KERNELS, CompiledRun, note_fallback, unsupported
 from simulator.config import EngineConfig
 from simulator.prediction import NoPrediction, PredictionDriver
 from simulator.profiles.base import EngineProfile
@@ -35,7 +35,7 @@ from simulator.scheduler import Scheduler, SimulationStalled
 #: the paper's vLLM setup (512 resident, 64 decode slots); frozen, so one instance serves every default
 DEFAULT_ENGINE_CONFIG = EngineConfig()
 
-__all__ = ["NOT_YET", "EngineConfig", "RunResult", "Simulation", "SimulationStalled", "StepLog"]
+__all__ = ["NOT_YET", "EngineConfig", "RunResult", "Simulation", "SimulationStalled", "StepLog", "StepRunner"]
 
 
 @dataclass
@@ -117,21 +117,43 @@ def check_step_clock(arrival_s: np.ndarray, profile: EngineProfile, charge_cost:
         raise ValueError("the step clock needs integer arrival steps")
 
 
+class StepRunner(Protocol):
+    """What runs a :class:`Simulation`'s steps in place of its own loop, writing the same request table
+    (``simulator.compiled.CompiledRun``); the run's counters are read from it afterwards."""
+
+    @property
+    def finished(self) -> int: ...
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def contended(self) -> int: ...
+
+    @property
+    def mae_in_use(self) -> float | None: ...
+
+    def step_process(self, env: simpy.Environment, progress: Callable[[int, int], None] | None = None
+                     ) -> Generator: ...
+
+    def fill_step_log(self, log: StepLog) -> None: ...
+
+
 class Simulation:
     """One run: a workload with arrival times, a policy, a predictor, an engine profile.
 
     The predictor is bound to the run's workload here, once (rows in arrival order; the true
     output lengths hidden unless the predictor is an oracle); a Simulation runs once.
     ``step_clock``: arrival times are step indices and every step lasts 1.0 (the unit profile, no
-    predictor cost charged), so each step is recorded under its tick (docs/semantics.md "Step clock")."""
+    predictor cost charged), so each step is recorded under its tick (docs/semantics.md "Step clock").
+    :meth:`run` runs this module's step loop, the definition; ``simulator.runner.run_simulation`` chooses
+    whether the compiled kernel runs the steps instead."""
 
     def __init__(self, workload: Trace, arrival_s: np.ndarray, *, policy: Policy, predictor: Predictor | None,
                  profile: EngineProfile, config: EngineConfig = DEFAULT_ENGINE_CONFIG, seed: int = 0,
                  charge_cost: bool = True, record_steps: bool = False,
                  progress: Callable[[int, int], None] | None = None, closed_loop: int | None = None,
-                 kernel: str = "reference", step_clock: bool = False):
-        if kernel not in KERNELS:
-            raise ValueError(f"unknown kernel {kernel!r} (known: {', '.join(KERNELS)})")
+                 step_clock: bool = False):
         arrival_s = np.asarray(arrival_s, dtype=np.float64)
         if arrival_s.shape != (len(workload),):
             raise ValueError(f"need one arrival time per request ({len(workload)}), got {arrival_s.shape}")
@@ -157,7 +179,7 @@ class Simulation:
             self.arrival[self.closed_loop:] = np.inf
         self.policy, self.predictor, self.profile, self.config = policy, predictor, profile, config
         self.charge_cost, self.record_steps, self.progress = charge_cost, record_steps, progress
-        self.kernel, self.step_clock = kernel, step_clock
+        self.step_clock = step_clock
         if predictor is not None:
             shown = self.workload if predictor.sees_true_lengths else self.workload.without_lengths()
             predictor.bind(shown, np.random.default_rng(seed))
@@ -168,7 +190,9 @@ class Simulation:
         """What the predictor costs on this run's engine (None without a predictor)."""
         return self.predictor.cost(self.profile.hardware) if self.predictor is not None else None
 
-    def run(self) -> RunResult:
+    def run(self, steps: Callable[[Simulation, RequestTable, NoPrediction], StepRunner] | None = None) -> RunResult:
+        """The run: its steps by this module's loop, or by the :class:`StepRunner` that ``steps`` makes
+        for this run's request table and prediction driver (the compiled kernel's, which replays it)."""
         if self._ran:
             raise RuntimeError("a Simulation runs once (its predictor's online state is spent); build a new one")
         self._ran = True
@@ -192,13 +216,7 @@ class Simulation:
         env = simpy.Environment()
         driver.start(env)
         state = {"steps": 0}
-        compiled = None
-        if self.kernel == "compiled":
-            reason = unsupported(self)
-            if reason is None:
-                compiled = CompiledRun(self, table, driver)
-            else:   # never silently: the numbers are the reference engine's
-                note_fallback(reason)
+        compiled = steps(self, table, driver) if steps is not None else None
         if compiled is not None:
             env.process(compiled.step_process(env, self.progress))
         else:

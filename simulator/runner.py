@@ -17,7 +17,7 @@ from predictors import NO_PREDICTOR, make_predictor
 from predictors.base import PredictorOptions
 from predictors.gpu_cost import describe_cost
 from simulator.capacity import measure_capacity
-from simulator.compiled import DEFAULT_KERNEL, KERNELS
+from simulator.compiled import DEFAULT_KERNEL, KERNELS, CompiledRun, note_fallback, unsupported
 from simulator.engine import EngineConfig, RunResult, Simulation
 from simulator.metrics import summarize
 from simulator.preset import recorded_engine_config, recorded_window
@@ -223,14 +223,15 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
         if config.arrivals.kind == "closed":
             window = config.arrivals.window or recorded_window(trace)
     else:
-        capacity = measure_capacity(mix if mix is not None else workload, profile, engine_config, kernel=config.kernel)
+        capacity = measure_capacity(mix if mix is not None else workload, profile, engine_config,
+                                    run=lambda sim: run_simulation(sim, config.kernel))
         assert config.load is not None   # RunConfig refuses a rate-driven run without a load
         rate = config.load * capacity
         arrival_s = make_arrivals(config.arrivals, workload, rate, config.seed)
     # binds the predictor (trains or loads it), so a bad training trace fails before any output
     sim = Simulation(workload, arrival_s, policy=policy, predictor=predictor, profile=profile,
                      config=engine_config, seed=config.seed, charge_cost=config.charge_cost,
-                     record_steps=record_steps, progress=progress, closed_loop=window, kernel=config.kernel,
+                     record_steps=record_steps, progress=progress, closed_loop=window,
                      step_clock=config.arrivals.step_clock)
     resolved = {
         **config.describe(),
@@ -256,9 +257,23 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
     return Prepared(config, workload, sim, capacity, rate, resolved)
 
 
+def run_simulation(sim: Simulation, kernel: str) -> RunResult:
+    """Run ``sim`` on ``kernel`` (one of :data:`KERNELS`): the compiled kernel where it replays the run
+    byte for byte (:func:`simulator.compiled.unsupported`), else the reference engine, never silently
+    (:func:`simulator.compiled.note_fallback`). The one place that chooses; the engine runs what it is given."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r} (known: {', '.join(KERNELS)})")
+    if kernel == "compiled":
+        reason = unsupported(sim)
+        if reason is None:
+            return sim.run(CompiledRun)
+        note_fallback(reason)
+    return sim.run()
+
+
 def execute(prepared: Prepared) -> tuple[dict, RunResult]:
     """Run a prepared simulation and summarise it."""
-    result = prepared.simulation.run()
+    result = run_simulation(prepared.simulation, prepared.config.kernel)
     cfg = prepared.config
     summary = summarize(
         result,

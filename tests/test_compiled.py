@@ -29,7 +29,7 @@ from simulator.compiled import unsupported  # noqa: E402
 from simulator.engine import EngineConfig, Simulation  # noqa: E402
 from simulator.profiles import make_profile  # noqa: E402
 from simulator.profiles.unit import UnitProfile  # noqa: E402
-from simulator.runner import RunConfig, execute, prepare  # noqa: E402
+from simulator.runner import RunConfig, execute, prepare, run_simulation  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_invariants import HYPO, FixedPredictor, cases, make_predictor_for, vllm_cases  # noqa: E402
@@ -116,11 +116,11 @@ def test_every_pair_the_kernel_accepts_is_byte_identical(predictor, policy, regi
     for kernel in ("reference", "compiled"):
         sim = Simulation(workload, arrival, policy=make_policy(policy),
                          predictor=None if predictor == "none" else make_predictor(predictor),
-                         profile=profile, config=REGISTRY_CONFIG, seed=1, kernel=kernel)
+                         profile=profile, config=REGISTRY_CONFIG, seed=1)
         reason = unsupported(sim)
         if reason is not None:
             pytest.skip(f"not compiled: {reason}")
-        results[kernel] = sim.run()
+        results[kernel] = run_simulation(sim, kernel)
     assert_identical(results["reference"], results["compiled"])
 
 
@@ -128,9 +128,9 @@ def simulate(case, kernel: str, profile, predictor=None):
     wl = trace_from_arrays("hypo", case.prompt, case.output)
     sim = Simulation(wl, np.asarray(case.arrival, dtype=np.float64), policy=make_policy(case.policy),
                      predictor=predictor or make_predictor_for(case), profile=profile, config=case.config,
-                     seed=case.seed, kernel=kernel, closed_loop=case.closed_loop)
+                     seed=case.seed, closed_loop=case.closed_loop)
     assert kernel == "reference" or unsupported(sim) is None   # the kernel really ran
-    return sim.run()
+    return run_simulation(sim, kernel)
 
 
 @settings(max_examples=150, **HYPO)
@@ -325,9 +325,9 @@ def test_compiled_matches_reference_on_the_step_clock_with_leap(predictor):
     for kernel in ("reference", "compiled"):
         sim = Simulation(wl, arrival, policy=make_policy("countdown"),
                          predictor=make_predictor(predictor, PredictorOptions(train_trace="lmsys")),
-                         profile=UnitProfile(), config=config, charge_cost=False, kernel=kernel, step_clock=True)
+                         profile=UnitProfile(), config=config, charge_cost=False, step_clock=True)
         assert kernel == "reference" or unsupported(sim) is None
-        runs.append(sim.run())
+        runs.append(run_simulation(sim, kernel))
     assert_identical(*runs)
     assert runs[0].contended_steps > 100 and (predictor == "leap" or runs[0].updates_published > 10)
 
@@ -362,9 +362,9 @@ def test_compiled_matches_reference_on_the_step_clock(case, estimates):
         wl = trace_from_arrays("hypo", case.prompt, case.output)
         sim = Simulation(wl, np.asarray(case.arrival, dtype=np.float64), policy=make_policy(case.policy),
                          predictor=predictor(), profile=UnitProfile(), config=case.config, seed=case.seed,
-                         kernel=kernel, charge_cost=False, step_clock=True)
+                         charge_cost=False, step_clock=True)
         assert kernel == "reference" or unsupported(sim) is None
-        runs.append(sim.run())
+        runs.append(run_simulation(sim, kernel))
     assert_identical(*runs)
     assert (runs[0].finish_step == runs[0].finish_s - 1).all()   # a step's tick is the clock at its start
 
@@ -399,10 +399,9 @@ def test_compiled_matches_reference_with_a_kv_budget(case, extra, chunked):
     for kernel in ("reference", "compiled"):
         wl = trace_from_arrays("hypo", case.prompt, case.output)
         sim = Simulation(wl, np.asarray(case.arrival, dtype=np.float64), policy=make_policy(case.policy),
-                         predictor=make_predictor_for(case), profile=profile, config=config, seed=case.seed,
-                         kernel=kernel)
+                         predictor=make_predictor_for(case), profile=profile, config=config, seed=case.seed)
         try:
-            runs.append(sim.run())
+            runs.append(run_simulation(sim, kernel))
         except Exception as exc:   # the same refusal (a stall) from both
             runs.append(repr(exc))
     if isinstance(runs[0], str) or isinstance(runs[1], str):
@@ -438,8 +437,9 @@ def test_unsupported_configuration_says_so_and_uses_the_reference(capsys):
 
     note_fallback.cache_clear()
     workload = trace_from_arrays("fallback", [20] * 40, list(range(1, 41)))
-    runs = [Simulation(workload, np.arange(40) * 0.01, policy=Uncompiled(), predictor=Oracle(), profile=UnitProfile(),
-                       config=REGISTRY_CONFIG, kernel=kernel).run() for kernel in ("reference", "compiled", "compiled")]
+    runs = [run_simulation(Simulation(workload, np.arange(40) * 0.01, policy=Uncompiled(), predictor=Oracle(),
+                                      profile=UnitProfile(), config=REGISTRY_CONFIG), kernel)
+            for kernel in ("reference", "compiled", "compiled")]
     err = capsys.readouterr().err
     assert "--kernel compiled: policy 'uncompiled' is not compiled (fcfs, countdown, aging" in err
     assert err.count("--kernel compiled") == 1   # said once per process

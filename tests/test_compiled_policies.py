@@ -31,7 +31,7 @@ from simulator.compiled import unsupported  # noqa: E402
 from simulator.engine import EngineConfig, Simulation  # noqa: E402
 from simulator.profiles import make_profile  # noqa: E402
 from simulator.profiles.unit import UnitProfile  # noqa: E402
-from simulator.runner import RunConfig  # noqa: E402
+from simulator.runner import RunConfig, run_simulation  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_compiled import (  # noqa: E402
@@ -67,10 +67,10 @@ def both(case, policy: str, aging: tuple, ltr: tuple, predictor=lambda case: mak
         wl = trace_from_arrays("hypo", case.prompt, case.output)
         pol = make(policy, aging, ltr)
         sim = Simulation(wl, np.asarray(case.arrival, dtype=np.float64), policy=pol, predictor=predictor(case),
-                         profile=profile_of(case), config=case.config, seed=case.seed, kernel=kernel,
+                         profile=profile_of(case), config=case.config, seed=case.seed,
                          closed_loop=case.closed_loop, **sim_args)
         assert kernel == "reference" or unsupported(sim) is None
-        runs.append(sim.run())
+        runs.append(run_simulation(sim, kernel))
         policies.append(pol)
     assert_identical(*runs)
     if policy == "ltr-starvation":

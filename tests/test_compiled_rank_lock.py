@@ -27,7 +27,7 @@ from simulator.compiled import unsupported  # noqa: E402
 from simulator.engine import Simulation  # noqa: E402
 from simulator.profiles import make_profile  # noqa: E402
 from simulator.profiles.unit import UnitProfile  # noqa: E402
-from simulator.runner import RunConfig  # noqa: E402
+from simulator.runner import RunConfig, run_simulation  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_compiled import assert_identical, replay_both  # noqa: E402
@@ -49,10 +49,10 @@ def run(case, scores, kernel: str):
     wl = trace_from_arrays("hypo", case.prompt, case.output)
     sim = Simulation(wl, np.asarray(case.arrival, dtype=np.float64), policy=make_policy("trail-preemption"),
                      predictor=RankScores(scores), profile=UnitProfile() if case.step_time == "unit"
-                     else make_profile("qwen3-8b-h100"), config=case.config, seed=case.seed, kernel=kernel,
+                     else make_profile("qwen3-8b-h100"), config=case.config, seed=case.seed,
                      closed_loop=case.closed_loop)
     assert kernel == "reference" or unsupported(sim) is None
-    return sim.run()
+    return run_simulation(sim, kernel)
 
 
 @settings(max_examples=300, **HYPO)

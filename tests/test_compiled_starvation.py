@@ -26,6 +26,7 @@ from simulator.compiled import unsupported  # noqa: E402
 from simulator.engine import EngineConfig, Simulation  # noqa: E402
 from simulator.profiles import make_profile  # noqa: E402
 from simulator.profiles.unit import UnitProfile  # noqa: E402
+from simulator.runner import run_simulation  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_compiled import PrefillStage, assert_identical, simulate  # noqa: E402
@@ -72,8 +73,7 @@ def test_the_override_fires_in_decode_and_admission_and_the_kernel_follows(monke
     for kernel in ("reference", "compiled"):
         sim = Simulation(workload, arrival, policy=make_policy("ssjf-starvation"), predictor=FixedPredictor(scores),
                          profile=UnitProfile(), config=EngineConfig(max_resident=6, decode_slots=2,
-                                                                    prefill_token_budget=60, wait_cap=0),
-                         kernel=kernel)
+                                                                    prefill_token_budget=60, wait_cap=0))
         if kernel == "compiled":
             assert unsupported(sim) is None
         else:
@@ -81,7 +81,7 @@ def test_the_override_fires_in_decode_and_admission_and_the_kernel_follows(monke
             monkeypatch.setattr(SSJFStarvation, "_admission_keys", SSJFStarvation.admission_keys, raising=False)
             monkeypatch.setattr(SSJFStarvation, "decode_keys", counted("decode"))
             monkeypatch.setattr(SSJFStarvation, "admission_keys", counted("admission"))
-        runs[kernel] = sim.run()
+        runs[kernel] = run_simulation(sim, kernel)
         monkeypatch.undo()
     assert fired["decode"] > 0 and fired["admission"] > 0, fired
     assert_identical(runs["reference"], runs["compiled"])

@@ -184,3 +184,40 @@ def test_the_poisson_check_sees_a_second_draw(tmp_path):
     (tmp_path / "simulator" / "workload.py").write_text("import numpy as np\n\n"
                                                         "gaps = np.random.default_rng(0).exponential(2.0, 5)\n")
     assert exponential_draws(tmp_path) == ["simulator/workload.py:3"]
+
+
+# ----------------------------------------------------------------------------- the engine defines, the runner chooses
+#: module -> module-name prefixes it must not reach, directly or through others, and why
+KEPT_APART = {
+    "simulator.engine": (("simulator.compiled", "simulator.kernel"),
+                         "the reference engine is the definition the compiled kernel replays; "
+                         "simulator.runner.run_simulation chooses which one runs"),
+}
+
+
+def reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for other in graph.get(todo.pop(), set()) - seen:
+            seen.add(other)
+            todo.append(other)
+    return seen
+
+
+def apart_violations(root: Path) -> list[str]:
+    graph = module_imports(root)
+    return [f"{module} reaches {other}: {why}" for module, (prefixes, why) in KEPT_APART.items()
+            for other in sorted(reached(graph, module)) if other.startswith(prefixes)]
+
+
+def test_the_engine_does_not_import_the_compiled_kernel():
+    assert apart_violations(ROOT) == []
+
+
+def test_the_apart_check_sees_the_kernel_through_another_module(tmp_path):
+    (tmp_path / "simulator").mkdir()
+    (tmp_path / "simulator" / "engine.py").write_text("def run():\n    from simulator import scheduler\n")
+    (tmp_path / "simulator" / "scheduler.py").write_text("from simulator.kernel_steps import choose\n")
+    (tmp_path / "simulator" / "kernel_steps.py").write_text("")
+    assert [line.split(":")[0] for line in apart_violations(tmp_path)] == ["simulator.engine reaches simulator.kernel_steps"]

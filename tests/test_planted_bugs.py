@@ -21,7 +21,7 @@ from policies import make_policy
 from predictors.base import Predictor, PredictorCost
 from simulator.engine import EngineConfig, Simulation
 from simulator.profiles.unit import UnitProfile
-from simulator.runner import RunConfig
+from simulator.runner import RunConfig, run_simulation
 from simulator.workload import ArrivalSpec, recorded_arrivals
 
 
@@ -195,8 +195,9 @@ def test_chunked_prefill_advances_a_long_prompt_every_step(kernel):
     if kernel == "compiled":
         pytest.importorskip("numba", reason="the compiled kernel needs numba (extra `fast`)")
     trace = trace_from_arrays("long", [20, 3], [2, 1], arrival_s=[0.0, 0.0])
-    result = Simulation(trace, np.zeros(2), policy=make_policy("fcfs"), predictor=None, profile=UnitProfile(),
-                        config=EngineConfig(prefill_token_budget=6, chunked_prefill=True), kernel=kernel).run()
+    sim = Simulation(trace, np.zeros(2), policy=make_policy("fcfs"), predictor=None, profile=UnitProfile(),
+                     config=EngineConfig(prefill_token_budget=6, chunked_prefill=True))
+    result = run_simulation(sim, kernel)
     assert result.first_token_s.tolist() == [4.0, 4.0]   # the short prompt fits in the 4th step's 4 tokens left
     assert result.finish_s.tolist() == [5.0, 4.0]
 

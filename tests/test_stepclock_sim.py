@@ -19,6 +19,7 @@ from experiments.validate_steps import compare_steps, replay_steps, validate_ste
 from policies import make_policy
 from simulator.engine import EngineConfig, Simulation
 from simulator.profiles.unit import UnitProfile
+from simulator.runner import run_simulation
 
 KERNELS = ["reference"] + (["compiled"] if importlib.util.find_spec("numba") else [])
 
@@ -38,8 +39,8 @@ SECONDS_STEPS = {"admit_step": [0, 0, 4], "first_token_step": [0, 1, 4], "finish
 def run_example(kernel: str, step_clock: bool):
     wl = trace_from_arrays("example", PROMPT, OUTPUT)
     sim = Simulation(wl, np.asarray(ARRIVAL_STEP, dtype=np.float64), policy=make_policy("fcfs"), predictor=None,
-                     profile=UnitProfile(), config=CONFIG, charge_cost=False, kernel=kernel, step_clock=step_clock)
-    return sim.run()
+                     profile=UnitProfile(), config=CONFIG, charge_cost=False, step_clock=step_clock)
+    return run_simulation(sim, kernel)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

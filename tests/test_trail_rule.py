@@ -100,6 +100,7 @@ def test_trail_in_the_kernel_matches_the_reference(lmsys, n, gap, policy, slots,
     from simulator.compiled import unsupported
     from simulator.engine import EngineConfig, Simulation
     from simulator.profiles import make_profile
+    from simulator.runner import run_simulation
 
     rng = np.random.default_rng(seed)
     workload = lmsys.take(np.sort(rng.choice(len(lmsys), size=n, replace=False)))
@@ -110,11 +111,11 @@ def test_trail_in_the_kernel_matches_the_reference(lmsys, n, gap, policy, slots,
     for kernel in ("reference", "compiled"):
         predictor = make_predictor("trail")
         sim = Simulation(workload, arrival, policy=make_policy(policy), predictor=predictor,
-                         profile=make_profile("qwen3-8b-h100", lmsys), config=config, seed=1, kernel=kernel,
+                         profile=make_profile("qwen3-8b-h100", lmsys), config=config, seed=1,
                          charge_cost=charge)
         assert kernel == "reference" or unsupported(sim) is None
         calls[kernel] = count_calls(predictor)
-        results[kernel] = sim.run()
+        results[kernel] = run_simulation(sim, kernel)
         assert predictor.refresh_every == 64
     assert_identical(results["reference"], results["compiled"])
     assert calls["compiled"] == [0] and calls["reference"][0] > 0
