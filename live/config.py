@@ -74,6 +74,9 @@ class LiveSchedulerConfig:
     sync_updates: bool = False
 
     def __post_init__(self) -> None:
+        if self.policy in POLICIES and self.policy not in LIVE_POLICIES:
+            raise LiveConfigError(f"policy {self.policy!r} does not run live: {POLICIES[self.policy].why_not['live']} "
+                                  f"(live policies: {', '.join(LIVE_POLICIES)})")
         if self.policy not in LIVE_POLICIES:
             raise LiveConfigError(f"unknown live policy {self.policy!r} (choose from {', '.join(LIVE_POLICIES)})")
         if self.predictor in NOT_LIVE:

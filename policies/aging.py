@@ -32,7 +32,7 @@ SCORE_FLOOR = 1e-300               # the log of a score <= 0 stays finite
 
 class Aging(Policy):
     name = "aging"
-    live = True
+    compiled = live = True
 
     def __init__(self, gamma: float = GAMMA, tau_s: float = TAU_S, recompute_s: float = RECOMPUTE_S):
         if not 0 < gamma < 1:

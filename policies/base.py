@@ -66,8 +66,13 @@ class Policy(ABC):
 
     name: ClassVar[str]
     uses_predictions: ClassVar[bool] = True
+    # where it runs (tests/test_capabilities.py holds every registered class to these), each one
+    # declared False with its reason in ``why_not`` (the fallback note or the live refusal names it)
+    capabilities: ClassVar[tuple[str, ...]] = ("compiled", "live")
+    compiled: ClassVar[bool] = False   # compiled_form() states it for the compiled kernel
     # the live scheduler (live/scheduler.py) runs it: it needs only the SchedulerView fields vLLM can fill
     live: ClassVar[bool] = False
+    why_not: ClassVar[dict[str, str]] = {}
 
     def reset(self, n: int) -> None:  # noqa: B027 -- optional hook: stateless policies keep the no-op
         """A new run of ``n`` rows starts: drop any state kept from the previous one (stateful

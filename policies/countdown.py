@@ -22,7 +22,7 @@ def remaining(view: SchedulerView, rows: np.ndarray) -> np.ndarray:
 
 class Countdown(Policy):
     name = "countdown"
-    live = True
+    compiled = live = True
 
     def decode_keys(self, view: SchedulerView, rows):
         return remaining(view, rows)

@@ -8,7 +8,7 @@ from policies.base import CompiledForm, Policy, SchedulerView
 class FCFS(Policy):
     name = "fcfs"
     uses_predictions = False
-    live = True
+    compiled = live = True
 
     def decode_keys(self, view: SchedulerView, rows):
         return None

@@ -34,6 +34,9 @@ UNSEEN = -1
 
 class LTRStarvation(Policy):
     name = "ltr-starvation"
+    compiled, live = True, False
+    why_not = {"live": "it counts a waiting request's idle steps from admission calls made every step, and the live "
+                       "scheduler asks admission keys only of fresh requests under an arrival-stage predictor"}
 
     def __init__(self, idle_steps: int = IDLE_STEPS, runs: int = RUNS):
         self.idle_steps, self.runs = int(idle_steps), int(runs)

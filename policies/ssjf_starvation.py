@@ -29,6 +29,9 @@ EXEC_PER_TOKEN_S = 0.02
 
 class SSJFStarvation(Policy):
     name = "ssjf-starvation"
+    compiled, live = True, False
+    why_not = {"live": "its override weighs waits against SSJF's simulated execution times (0.1 s + 0.02 s per "
+                       "token), which no live run has been checked against"}
 
     def __init__(self, threshold_s: float = WAIT_THRESHOLD_S, coefficient: float = WAIT_COEFFICIENT):
         self.threshold_s, self.coefficient = float(threshold_s), float(coefficient)

@@ -26,6 +26,8 @@ LOCKED_KEY = -np.inf  # below every key: countdown's (>= 0.5, the floor) and any
 
 class TrailPreemption(Policy):
     name = "trail-preemption"
+    compiled, live = True, False
+    why_not = {"live": "its lock is held against TRAIL's first (prompt-prior) estimate, and TRAIL does not run live"}
 
     def __init__(self, c: float = PREEMPTION_LIMIT):
         if c < 0:

@@ -176,6 +176,18 @@ class Predictor(ABC):
     # feedback returns None until this many finished rows have reached it since its last update, so
     # an engine may hold the calls back until then (the compiled kernel does; 1: any call may update)
     feedback_batch: int = 1
+    # what it does, declared (the compiled kernel reads these, not which methods a class overrides):
+    learns_online: ClassVar[bool] = False      # feedback() returns online updates
+    observes_prefill: ClassVar[bool] = False   # after_prefill() returns new estimates (an arrival-stage one)
+    # where it runs (tests/test_capabilities.py holds every registered class to these), each one
+    # declared False with its reason in ``why_not`` (the fallback note or the refusal names it);
+    # live or not: by name in ``predictors/live.py``, beside its live twin
+    capabilities: ClassVar[tuple[str, ...]] = ("compiled", "scores_at_arrival")
+    compiled: ClassVar[bool] = True            # the compiled kernel replays it byte for byte
+    # a length estimate from the prompt alone when a request arrives, before any engine holds it and
+    # whatever an engine's queue holds, so a router may use it
+    scores_at_arrival: ClassVar[bool] = False
+    why_not: ClassVar[dict[str, str]] = {}
 
     settings_defaults: ClassVar[dict] = {}     # this predictor's own settings and their defaults (typed)
 

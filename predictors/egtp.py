@@ -116,6 +116,8 @@ class EGTP(HeadPredictor):
     trainer = staticmethod(train)
     output = "length"
     stage = "prefill"
+    compiled, scores_at_arrival = True, False
+    why_not = {"scores_at_arrival": "it reads the serving model's prefill state (entropy-pooled)"}
     requires = ("feat_entropy_pooled",)
 
     def __init__(self, artifact: Artifact):

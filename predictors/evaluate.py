@@ -55,10 +55,6 @@ def _split(flag: str, values: Iterable[str] | None) -> list[str]:
     return out
 
 
-def learns_online(predictor: Predictor) -> bool:
-    return type(predictor).feedback is not Predictor.feedback
-
-
 def stream_predictions(predictor: Predictor, workload: Trace, seed: int = 0) -> tuple[np.ndarray, int]:
     """Bind ``predictor`` to ``workload`` and return (first prediction per row, updates published).
 
@@ -69,7 +65,7 @@ def stream_predictions(predictor: Predictor, workload: Trace, seed: int = 0) -> 
     shown = workload if predictor.sees_true_lengths else workload.without_lengths()
     predictor.bind(shown, np.random.default_rng(seed))
     n = len(workload)
-    if not learns_online(predictor) and not predictor.queue_aware:
+    if not predictor.learns_online and not predictor.queue_aware:
         return np.asarray(predictor.predict(np.arange(n), Known(arrived=n, finished=0)), dtype=np.float64), 0
     truth = workload.output_tokens
     out = np.empty(n)

@@ -181,6 +181,9 @@ class Tie(HeadPredictor):
     trainer = staticmethod(train)
     output = "length"
     stage = "arrival"
+    compiled, scores_at_arrival = True, False
+    why_not = {"scores_at_arrival": "its score weighs the engine's queue (Known), which a request being routed "
+                                    "has not joined"}
     requires = ("text_embedding",)
 
     def __init__(self, artifact: Artifact, batch: int = BATCH_B):

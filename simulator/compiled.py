@@ -84,27 +84,25 @@ CHUNK_STEPS = 1 << 16            # steps per kernel call (progress reports betwe
 
 def unsupported(sim) -> str | None:
     """Why the compiled kernel cannot replay ``sim`` exactly (None: it can). Reads what the policy,
-    predictor and profile declare (``compiled_form``, ``static_estimates``, ``compiled_coefficients``)."""
+    predictor and profile declare (``compiled`` with ``why_not``, ``compiled_form``, ``compiled_coefficients``)."""
     if load_kernel() is None:
         return "numba is not installed (or does not load)"
-    form = sim.policy.compiled_form()
-    if form is None:
+    policy, p = sim.policy, sim.predictor
+    if not policy.compiled:
         from policies import POLICIES
-        compiled = ", ".join(n for n, c in POLICIES.items() if _declares_compiled_form(c))
-        return f"policy {sim.policy.name!r} is not compiled ({compiled} are)"
-    p = sim.predictor
+        compiled = ", ".join(n for n, c in POLICIES.items() if c.compiled)
+        why = policy.why_not.get("compiled", "it declares no compiled form")
+        return f"policy {policy.name!r} is not compiled: {why} ({compiled} are)"
+    if p is not None and not p.compiled:
+        return f"predictor {p.name!r} is not compiled: {p.why_not.get('compiled', 'it declares so')}"
+    form = policy.compiled_form()
+    if form is None:
+        raise TypeError(f"policy {policy.name!r} declares compiled but its compiled_form() is None")
     if not form.rank_predictors and p is not None and p.output == "rank":
         return f"{sim.policy.name} with a rank predictor is not compiled (its compiled form takes no rank scores)"
     if sim.profile.compiled_coefficients() is None:
         return f"engine profile {sim.profile.name!r} is not compiled"
     return None
-
-
-def _declares_compiled_form(policy_class) -> bool:
-    try:
-        return policy_class().compiled_form() is not None
-    except TypeError:   # a policy that needs constructor arguments: not listed
-        return False
 
 
 _PROFILE_FORMS = {"roofline": PROFILE_ROOFLINE, "fitted": PROFILE_FITTED, "unit": PROFILE_UNIT}
@@ -132,8 +130,6 @@ class CompiledRun:
     written in place, so the run's result is read from the table as the reference engine's is)."""
 
     def __init__(self, sim, table, driver):
-        from predictors.base import Predictor
-
         self.table, cfg, n = table, sim.config, table.n
         self.predictor, self.driver = sim.predictor, driver
         self.has_pred = sim.predictor is not None
@@ -157,11 +153,9 @@ class CompiledRun:
         self.worker_busy = False
         self.cfg = cfg
         self.step_clock = sim.step_clock
-        self.fb_batch = sim.predictor.feedback_batch if (
-            self.has_pred and type(sim.predictor).feedback is not Predictor.feedback) else 0
+        self.fb_batch = sim.predictor.feedback_batch if self.has_pred and sim.predictor.learns_online else 0
         self.refresh_every = (sim.predictor.refresh_every or 0) if self.has_pred else 0
-        self.after_prefill = (self.mode == PRED_PYTHON
-                              and type(sim.predictor).after_prefill is not Predictor.after_prefill)
+        self.after_prefill = self.mode == PRED_PYTHON and sim.predictor.observes_prefill
         self.rows = Rows(table.arrival, table.prompt, table.length, self.predicted, table.generated,
                          table.last_served, table.forced_steps, table.admitted, table.admit_s, table.first_token_s,
                          table.finish_s, table.admit_step, table.first_token_step, table.finish_step,

@@ -191,6 +191,7 @@ class OnlineLearning(PrefillStage):
     the outputs."""
 
     name = "online-fixed"
+    learns_online = True
 
     def __init__(self, values, cpu_s: float, tap: float, batch: int, update_s: tuple[float, ...]):
         super().__init__(values, cpu_s, tap)
@@ -249,6 +250,7 @@ class Refreshing(QueueAwareCharged):
     "prefill" turns it into a refreshing hidden-state predictor (LEAP with refresh)."""
 
     name = "refreshing"
+    observes_prefill = True   # its after_prefill (an arrival-stage one's; a prefill-stage one is never asked)
 
     def __init__(self, values, output: str, every: int, stage: str):
         super().__init__(values, output)
@@ -431,6 +433,8 @@ def test_unsupported_configuration_says_so_and_uses_the_reference(capsys):
 
     class Uncompiled(Countdown):
         name = "uncompiled"
+        compiled = False
+        why_not = {"compiled": "a test says so"}
 
         def compiled_form(self):
             return None
@@ -441,7 +445,7 @@ def test_unsupported_configuration_says_so_and_uses_the_reference(capsys):
                                       profile=UnitProfile(), config=REGISTRY_CONFIG), kernel)
             for kernel in ("reference", "compiled", "compiled")]
     err = capsys.readouterr().err
-    assert "--kernel compiled: policy 'uncompiled' is not compiled (fcfs, countdown, aging" in err
+    assert "--kernel compiled: policy 'uncompiled' is not compiled: a test says so (fcfs, countdown, aging" in err
     assert err.count("--kernel compiled") == 1   # said once per process
     assert_identical(runs[0], runs[1])
 

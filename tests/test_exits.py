@@ -14,14 +14,13 @@ from pathlib import Path
 import pytest
 
 from predictors import PREDICTORS
-from predictors.base import Predictor
 from simulator.compiled import KERNELS
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Only bounds a hang: a run takes seconds (plus numba's compile on the compiled kernel), even on
 #: a loaded machine far less than this.
 HUNG_S = 600
-ONLINE = [name for name, cls in PREDICTORS.items() if cls.feedback is not Predictor.feedback]
+ONLINE = [name for name, cls in PREDICTORS.items() if cls.learns_online]
 
 
 def test_online_learners_are_found():

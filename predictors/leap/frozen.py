@@ -23,6 +23,9 @@ class Leap(Predictor):
 
     name = "leap"
     stage = "prefill"
+    compiled, scores_at_arrival = True, False
+    why_not = {"scores_at_arrival": "it reads the serving model's hidden state, which exists only once prefill "
+                                    "reaches the tapped layer"}
     learned = True
     requires = (DEFAULT_COLUMN,)
     column = DEFAULT_COLUMN

@@ -28,6 +28,7 @@ class LeapRLS(Leap):
     """LEAP with anchored RLS: feedback from finished requests corrects the weights online."""
 
     name = "leap-rls"
+    learns_online = True   # feedback: anchored RLS updates
 
     def __init__(self, train_trace: str | os.PathLike | Trace = "lmsys", *, alpha: float | None = None,
                  use_cache: bool = True, update_every: int = 8, refresh: bool | None = None):
