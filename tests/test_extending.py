@@ -32,6 +32,7 @@ TOY_FILES = {
         class ToyLongest(Policy):
             name = "toy-longest"
             uses_predictions = True
+            why_not = {"compiled": "a toy without a compiled form", "live": "a toy"}
 
             def decode_keys(self, view, rows):
                 return -remaining(view, rows)
@@ -48,6 +49,7 @@ TOY_FILES = {
             output = "length"
             stage = "arrival"
             static_estimates = True
+            compiled = scores_at_arrival = True
 
             def bind(self, workload, rng):
                 super().bind(workload, rng)
@@ -124,7 +126,9 @@ def test_the_recipes_count_and_name_files_that_exist():
              "LIVE_PREDICTORS": "predictors/live.py", "LIVE_CLASSES": "live/predictors.py",
              "LIVE_POLICIES": "live/config.py", "compiled_form": "policies/base.py",
              "static_estimates": "predictors/base.py", "learned": "predictors/base.py",
-             "def unsupported": "simulator/compiled.py"}
+             "def unsupported": "simulator/compiled.py", "why_not": "policies/base.py",
+             "scores_at_arrival": "predictors/base.py", "learns_online": "predictors/base.py",
+             "observes_prefill": "predictors/base.py"}
     for symbol, path in named.items():
         assert symbol.removeprefix("def ") in DOC.read_text(), symbol
         assert symbol in (ROOT / path).read_text(), f"{symbol} is no longer in {path}"
