@@ -433,8 +433,7 @@ def test_unsupported_configuration_says_so_and_uses_the_reference(capsys):
 
     class Uncompiled(Countdown):
         name = "uncompiled"
-        compiled = False
-        why_not = {"compiled": "a test says so"}
+        compiled, why_not = False, {"compiled": "a test says so"}
 
         def compiled_form(self):
             return None
