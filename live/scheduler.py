@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from core.attributes import of_requests
 from live.config import CONFIG_KEY, LiveSchedulerConfig
 from live.predictors import make_live_predictor
 from live.worker_ext import PredictionChannel
@@ -194,7 +195,8 @@ class LeapScheduler(Scheduler):
             predicted=np.fromiter((s.predicted for s in states), dtype=np.float64, count=n),
             generated=np.zeros(n, dtype=np.int64), output_kind="length",
             step=step, last_served=np.full(n, -1, dtype=np.int64),
-            first_predicted=np.fromiter((s.first_predicted for s in states), dtype=np.float64, count=n))
+            first_predicted=np.fromiter((s.first_predicted for s in states), dtype=np.float64, count=n),
+            attributes=of_requests(new))
         keys = self.leap_policy.admission_keys(view, np.arange(n))
         if keys is None:
             return
@@ -231,7 +233,8 @@ class LeapScheduler(Scheduler):
                 generated=np.fromiter((_generated(r) for r in cand), dtype=np.int64, count=n),
                 output_kind="length", step=step,
                 last_served=last_served,
-                first_predicted=np.fromiter((s.first_predicted for s in states), dtype=np.float64, count=n))
+                first_predicted=np.fromiter((s.first_predicted for s in states), dtype=np.float64, count=n),
+                attributes=of_requests(cand))
             chosen_idx, n_forced = choose_decodes(self.leap_policy, view, np.arange(n), decode_slots=cfg.decode_slots,
                                                   wait_cap=cfg.wait_cap, step=step, last_served=last_served)
             picked = np.zeros(n, dtype=bool)

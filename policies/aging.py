@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 
+from policies import countdown
 from policies.base import CompiledForm, Policy, SchedulerView
 from policies.countdown import remaining
 
@@ -59,7 +60,7 @@ class Aging(Policy):
         return self.aged(view, rows, view.predicted[rows])
 
     def compiled_form(self) -> CompiledForm:
-        return CompiledForm(keys="remaining", aging_log_rate=self._log_gamma_per_s, aging_every_s=self.recompute_s)
+        return CompiledForm(keys="rule", rule=countdown.__name__, aging_log_rate=self._log_gamma_per_s, aging_every_s=self.recompute_s)
 
     def describe(self) -> dict:
         return {"name": self.name, "gamma": self.gamma, "tau_s": self.tau_s, "recompute_s": self.recompute_s}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from policies import countdown
 from policies.base import CompiledForm, Policy, SchedulerView
 from policies.countdown import remaining
 
@@ -83,7 +84,7 @@ class LTRStarvation(Policy):
 
     def compiled_form(self) -> CompiledForm:
         # the kernel runs these updates on this policy's own state arrays (simulator/kernel_policies.py)
-        return CompiledForm(keys="remaining", promote_after_idle=self.idle_steps, promoted_runs=self.runs)
+        return CompiledForm(keys="rule", rule=countdown.__name__, promote_after_idle=self.idle_steps, promoted_runs=self.runs)
 
     def describe(self) -> dict:
         return {"name": self.name, "idle_steps": self.idle_steps, "runs": self.runs}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from policies import countdown
 from policies.base import CompiledForm, Policy, SchedulerView
 from policies.countdown import remaining
 
@@ -53,7 +54,7 @@ class SSJFStarvation(Policy):
         return view.predicted[rows]
 
     def compiled_form(self) -> CompiledForm:
-        return CompiledForm(keys="remaining", starve_after_s=self.threshold_s, starve_factor=self.coefficient,
+        return CompiledForm(keys="rule", rule=countdown.__name__, starve_after_s=self.threshold_s, starve_factor=self.coefficient,
                             exec_base_s=EXEC_BASE_S, exec_per_token_s=EXEC_PER_TOKEN_S)
 
     def describe(self) -> dict:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from policies import countdown
 from policies.base import CompiledForm, Policy, SchedulerView
 from policies.countdown import remaining
 
@@ -49,7 +50,7 @@ class TrailPreemption(Policy):
         return view.predicted[rows]
 
     def compiled_form(self) -> CompiledForm:
-        return CompiledForm(keys="remaining", lock_after=self.c)
+        return CompiledForm(keys="rule", rule=countdown.__name__, lock_after=self.c)
 
     def describe(self) -> dict:
         return {"name": self.name, "c": self.c}

@@ -11,16 +11,14 @@ only one that can starve first). Plain Python that numba compiles.
 
 from __future__ import annotations
 
-from policies.countdown import REMAINING_FLOOR
 from simulator.kernel_layout import KEY_SCORE
 
+_rule_decode_key = None   # the policy's rule (policies/rule.py), bound by simulator.kernel.load_kernel
 
-def _key(r, keys_on, predicted, generated):
-    """The policy's decode key of row r (policies.countdown.remaining)."""
-    if keys_on == KEY_SCORE:
-        return predicted[r]
-    key = predicted[r] - generated[r]
-    return key if key > REMAINING_FLOOR else REMAINING_FLOOR
+
+def _key(r, t, keys_on):
+    """The policy's decode key of row r: its rule's ``decode_key`` (a rank predictor's scores: ``rank``)."""
+    return _rule_decode_key(r, t, keys_on == KEY_SCORE)
 
 
 def _locked(r, step, lock_c, last_served, generated, first_predicted):
@@ -33,11 +31,11 @@ def _before(ka, ra, kb, rb):
     return ka < kb or (ka == kb and ra < rb)
 
 
-def _rekey_sort(ord_keys, ord_rows, n, keys_on, predicted, generated):
+def _rekey_sort(ord_keys, ord_rows, n, t, keys_on):
     """Re-key ``ord_rows[:n]`` and restore its (key, row) order by insertion sort: near linear when
     the keys moved little (a decoded prefix, an online update's small shift)."""
     for i in range(n):
-        ord_keys[i] = _key(ord_rows[i], keys_on, predicted, generated)
+        ord_keys[i] = _key(ord_rows[i], t, keys_on)
     for a in range(1, n):
         kr, rr = ord_keys[a], ord_rows[a]
         b = a - 1

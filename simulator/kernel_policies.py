@@ -28,7 +28,10 @@ import numpy as np
 
 from policies.aging import KEY_SCALE, SCORE_FLOOR
 from policies.ltr_starvation import PROMOTED_OFFSET, UNSEEN
+from simulator.kernel_layout import KEY_SCORE
 from simulator.kernel_order import _heapify, _insertion_sort, _key, _rekey_sort, _sift_down, _sift_up
+
+_rule_admission_key = None   # the policy's rule (policies/rule.py), bound by simulator.kernel.load_kernel
 
 
 def _aged(score, arrival, clock, log_rate):
@@ -46,14 +49,14 @@ def _decode_key(r, t, w, s, st):
     """The policy's decode key of row ``r``: countdown's (policies.countdown.remaining; ``_key``),
     aged at the stored aging clock (Aging.decode_keys) or put first while promoted
     (LTRStarvation.decode_keys)."""
-    return _policy_key(_key(r, s.keys_on, t.predicted, t.generated), r, t, w, s, st)
+    return _policy_key(_key(r, t, s.keys_on), r, t, w, s, st)
 
 
 def _admission_key(r, t, w, s, st):
     """The policy's admission key of row ``r``: its estimate (Countdown.admission_keys, SSJF's
     outside its override), aged (Aging.admission_keys) or put first while promoted
     (LTRStarvation.admission_keys)."""
-    return _policy_key(t.predicted[r], r, t, w, s, st)
+    return _policy_key(_rule_admission_key(r, t, s.keys_on == KEY_SCORE), r, t, w, s, st)
 
 
 def _policy_key(key, r, t, w, s, st):
@@ -71,7 +74,7 @@ def _policy_rekey_sort(t, w, s, st, n):
     keys by ``kernel_order._rekey_sort`` (a compact loop of its own: through this one, countdown's
     compiled step ran 1.3x slower)."""
     if not (s.aging or s.promotes):
-        _rekey_sort(w.ord_keys, w.ord_rows, n, s.keys_on, t.predicted, t.generated)
+        _rekey_sort(w.ord_keys, w.ord_rows, n, t, s.keys_on)
         return
     for i in range(n):
         w.ord_keys[i] = _decode_key(w.ord_rows[i], t, w, s, st)
