@@ -18,7 +18,8 @@ step 0 also re-orders the never-admitted requests in vLLM's FCFS deque by the po
 ``admission_keys`` (stable, arrival order breaks ties), behind any preempted request vLLM put back
 at the front; vLLM then admits from the front as usual. (vLLM's own ``priority`` policy is not
 used: its integer priority is fixed at submission, before an asynchronous score exists, and it
-also changes which running request a KV shortage preempts.) Hidden-state predictors have no
+also changes which running request a KV shortage preempts; a request's ``priority`` as submitted
+reaches the policy as a request attribute, ``SchedulerView.attributes``: ``core.attributes``.) Hidden-state predictors have no
 estimate before prefill and admit FCFS. Timing per step (``leap_stats()``): ``order_s`` =
 steps 1-3 (policy ordering, re-scoring, hand-off), ``predict_s`` = the hook's read-out in that
 step's forward (``order_s`` includes taking in text-encoder scores and ordering admission), ``step_s`` = schedule() start to update_from_output() end.

@@ -73,23 +73,35 @@ def _fill(rows, out, t, rank):
         out[j] = rule(rows[j], t, rank)  # noqa: F821 -- bound in each copy's own globals
 
 
+#: the functions of a policy's keys, each run over rows by a loop of :func:`_fill`'s
+KEY_FUNCTIONS = ("decode_key", "admission_key")
+
+
 @functools.cache
-def load(module: str) -> dict:
-    """Rule ``module``'s loops over rows, by function name; with numba its rules are compiled in
-    place (those of the rule modules it calls first) and so are the loops, one per function."""
-    from core.jit import compile_in_place, numba_cache_base
+def compile_rules(module: str) -> bool:
+    """numba-compile rule ``module``'s ``RULES`` in place (those of the rule modules it calls first):
+    True; False without numba, when the plain Python runs (the same operations, so the same bits)."""
+    from core.jit import compile_in_place
 
     mod = importlib.import_module(module)
     for called in vars(mod).values():
         if isinstance(called, types.ModuleType) and called is not mod and hasattr(called, "RULES"):
-            load(called.__name__)
-    compiled = compile_in_place(vars(mod), mod.RULES, mod.__file__)
+            compile_rules(called.__name__)
+    return compile_in_place(vars(mod), mod.RULES, mod.__file__)
+
+
+@functools.cache
+def load(module: str) -> dict:
+    """Rule ``module``'s loops over rows, by function name (its rules compiled in place first, and
+    the loops too, one per function, with numba)."""
+    from core.jit import numba_cache_base
+
+    compiled = compile_rules(module)
+    space = vars(importlib.import_module(module))
     loops = {}
-    for name in mod.RULES:
-        loop = types.FunctionType(_fill.__code__, {"__name__": __name__, "rule": vars(mod)[name], "range": range}, "_fill")
-        if compiled:
-            loop = _jit_loop(loop, module, name, numba_cache_base())
-        loops[name] = loop
+    for name in KEY_FUNCTIONS:
+        loop = types.FunctionType(_fill.__code__, {"__name__": __name__, "rule": space[name], "range": range}, "_fill")
+        loops[name] = _jit_loop(loop, module, name, numba_cache_base()) if compiled else loop
     return loops
 
 

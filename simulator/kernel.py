@@ -27,7 +27,6 @@ import os
 import types
 from pathlib import Path
 
-from policies.aging import KEY_SCALE, SCORE_FLOOR
 from policies.ltr_starvation import PROMOTED_OFFSET, UNSEEN
 from policies.trail_preemption import LOCKED_KEY
 from simulator.kernel_float import _step_time
@@ -57,6 +56,8 @@ from simulator.kernel_steps import (
 #: the modules whose functions numba compiles, in import order (their ``JITTED`` names)
 KERNEL_MODULES = ("simulator.kernel_float", "simulator.kernel_order", "simulator.kernel_policies",
                   "simulator.kernel_steps", "simulator.kernel_log", "simulator.kernel")
+#: the policies' files whose per-row functions the kernel compiles in (beside the policy's rule)
+POLICY_SOURCES = ("policies.aging", "policies.ssjf_starvation", "policies.trail_preemption")
 #: the modules of the step's parts, inlined into the loop (and kernel_policies' INLINED names)
 STEP_MODULES = ("simulator.kernel_steps", "simulator.kernel_log")
 
@@ -157,17 +158,18 @@ DEFAULT_RULE = "policies.countdown"
 
 
 def _kernel_sources(rule: str) -> bytes:
-    modules = (*KERNEL_MODULES, rule, "policies.rule")
+    modules = (*KERNEL_MODULES, *POLICY_SOURCES, rule, "policies.rule")
     return b"".join(Path(importlib.import_module(m).__file__ or "").read_bytes() for m in modules)
 
 
 def numba_cache_folder(rule: str = DEFAULT_RULE) -> str:
     """Where numba caches the kernel of policy rule ``rule``: ``$NUMBA_CACHE_DIR``, else leap-sched's
     cache, in a folder named by the kernel's and the rule's sources and the values compiled in from
-    other modules. numba re-validates a cached function by its own file's stamp only, not by the
-    files of the functions it calls (nor a changed ``LOCKED_KEY``), so any change leads to another folder."""
-    compiled_in = (("LOCKED_KEY", LOCKED_KEY), ("KEY_SCALE", KEY_SCALE), ("SCORE_FLOOR", SCORE_FLOOR),
-                   ("PROMOTED_OFFSET", PROMOTED_OFFSET), ("UNSEEN", UNSEEN), ("rule", rule))
+    other modules (and the policies' files it compiles functions of). numba re-validates a cached
+    function by its own file's stamp only, not by the files of the functions it calls (nor a changed
+    ``LOCKED_KEY``), so any change leads to another folder."""
+    compiled_in = (("LOCKED_KEY", LOCKED_KEY), ("PROMOTED_OFFSET", PROMOTED_OFFSET), ("UNSEEN", UNSEEN),
+                   ("rule", rule))
     from core.jit import numba_cache_base
 
     digest = hashlib.sha256(repr(compiled_in).encode())
@@ -194,9 +196,9 @@ def load_kernel(rule: str = DEFAULT_RULE):
         import numba
     except ImportError:
         return None
-    from policies.rule import load as load_rule
+    from policies.rule import compile_rules
 
-    load_rule(rule)   # the rule's functions compiled in place (its own cache)
+    compile_rules(rule)   # the rule's functions compiled in place (its own cache)
     rule_module = importlib.import_module(rule)
     bindings = {"_rule_decode_key": rule_module.decode_key, "_rule_admission_key": rule_module.admission_key}
     modules = [importlib.import_module(m) for m in KERNEL_MODULES]
@@ -211,19 +213,20 @@ def load_kernel(rule: str = DEFAULT_RULE):
         jitted = {}
         for m in modules:
             for name in m.JITTED:
-                jitted[name] = (inline if name in steps else jit)(_own(vars(m)[name], spaces[m.__name__], in_place))
+                jitted[name] = (inline if name in steps else jit)(_own(vars(m)[name], spaces, in_place))
         for space in spaces.values():
             for name, fn in (*jitted.items(), *bindings.items()):
                 if name in space:
                     space[name] = fn
-        return jit(_own(_run_steps, spaces[__name__], in_place))
+        return jit(_own(_run_steps, spaces, in_place))
     finally:
         numba.config.CACHE_DIR = saved
 
 
-def _own(fn, space: dict, in_place: bool):
-    """``fn`` (its plain Python) reading its globals from ``space``: itself when jitted in place."""
+def _own(fn, spaces: dict, in_place: bool):
+    """``fn`` (its plain Python) reading its globals from its kernel module's ``spaces`` entry: itself
+    when jitted in place or when it is a policy's own function (which calls no kernel helper)."""
     fn = getattr(fn, "py_func", fn)
-    if in_place:
+    if in_place or fn.__module__ not in spaces:
         return fn
-    return types.FunctionType(fn.__code__, space, fn.__name__, fn.__defaults__, fn.__closure__)
+    return types.FunctionType(fn.__code__, spaces[fn.__module__], fn.__name__, fn.__defaults__, fn.__closure__)

@@ -21,11 +21,6 @@ def _key(r, t, keys_on):
     return _rule_decode_key(r, t, keys_on == KEY_SCORE)
 
 
-def _locked(r, step, lock_c, last_served, generated, first_predicted):
-    """policies.trail_preemption: past c x its first estimate and decoded in the previous step."""
-    return last_served[r] == step - 1 and generated[r] > lock_c * first_predicted[r]
-
-
 def _before(ka, ra, kb, rb):
     """(key, row) order: the reference's stable sort by key, ties in row order."""
     return ka < kb or (ka == kb and ra < rb)
@@ -168,5 +163,5 @@ def _heapify(hk, hr, size):
         _sift_down(hk, hr, size, i)
 
 
-JITTED = ("_key", "_locked", "_before", "_rekey_sort", "_insertion_sort", "_ord_insert", "_lru_append", "_lru_remove", "_sift_up",
+JITTED = ("_key", "_before", "_rekey_sort", "_insertion_sort", "_ord_insert", "_lru_append", "_lru_remove", "_sift_up",
           "_sift_down", "_heap_push", "_heap_pop", "_heapify")

@@ -7,8 +7,7 @@ times, and the kernel re-keys exactly then:
 
 - aging (``policies.aging.Aging``): every key depends on the aging clock, floor(now / 5 s) x 5 s,
   so when it ticks every resident and every waiting row is re-keyed (:func:`_aging_tick`); between
-  ticks a key moves only as countdown's does. The key is the reference's float64 operations in
-  its order: libm's log, then numpy's round (multiply, round half to even, divide).
+  ticks a key moves only as countdown's does. The key is the policy's own ``aged_key``, compiled in.
 - LTR's starvation rule (``policies.ltr_starvation.LTRStarvation``): its per-row state
   (``runs_left``, ``served_seen``, ``first_waiting``: the policy's own arrays) changes only when the
   reference asks the policy for keys, so the kernel runs the same updates at the same calls: decode
@@ -24,25 +23,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from policies.aging import KEY_SCALE, SCORE_FLOOR
+from policies.aging import aged_key as _aged
 from policies.ltr_starvation import PROMOTED_OFFSET, UNSEEN
 from simulator.kernel_layout import KEY_SCORE
 from simulator.kernel_order import _heapify, _insertion_sort, _key, _rekey_sort, _sift_down, _sift_up
 
 _rule_admission_key = None   # the policy's rule (policies/rule.py), bound by simulator.kernel.load_kernel
-
-
-def _aged(score, arrival, clock, log_rate):
-    """Aging.aged of one row: round(log(max(score, 1e-300)) + log_rate x max(clock - arrival, 0), 9)
-    with numpy's round written out (``np.rint`` rounds half to even, as numpy's does)."""
-    wait = clock - arrival
-    if wait < 0.0:
-        wait = 0.0
-    if score < SCORE_FLOOR:   # np.maximum(score, SCORE_FLOOR): a nan score stays nan
-        score = SCORE_FLOOR
-    return np.rint((math.log(score) + log_rate * wait) * KEY_SCALE) / KEY_SCALE
 
 
 def _decode_key(r, t, w, s, st):
