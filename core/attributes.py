@@ -47,7 +47,7 @@ def from_columns(columns: Mapping[str, Sequence | np.ndarray], n: int, source: s
     """The attributes of ``n`` requests from a table's ``columns`` (a column absent: the default;
     a missing value: the default). ``source`` names the table in the one-line error for a column
     whose values are not of the attribute's kind."""
-    arrays = []
+    arrays: list[np.ndarray] = []
     for a in ATTRIBUTES:
         if a.column not in columns:
             arrays.append(np.full(n, a.default, dtype=a.dtype))
@@ -57,7 +57,7 @@ def from_columns(columns: Mapping[str, Sequence | np.ndarray], n: int, source: s
             array = np.asarray(values, dtype=np.float64)
         except (TypeError, ValueError):
             raise ValueError(f"{source}: column {a.column!r} must hold numbers ({a.meaning})") from None
-        exact = array.astype(a.dtype)
+        exact: np.ndarray = array.astype(a.dtype)
         if not np.array_equal(exact.astype(np.float64), array, equal_nan=False):
             raise ValueError(f"{source}: column {a.column!r} holds values that are not {np.dtype(a.dtype).name} "
                              f"({a.meaning})")
@@ -71,11 +71,6 @@ def of_trace(trace) -> Attributes:
     names = set(table.column_names)
     columns = {a.column: table.column(a.column).to_pylist() for a in ATTRIBUTES if a.column in names}
     return from_columns(columns, len(trace), f"trace {trace.name}")
-
-
-def take(attributes: Attributes, rows: np.ndarray) -> Attributes:
-    """The attributes of ``rows`` only."""
-    return Attributes(*(array[rows] for array in attributes))
 
 
 def of_requests(requests: Sequence) -> Attributes:

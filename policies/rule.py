@@ -25,7 +25,7 @@ import functools
 import importlib
 import types
 from collections import namedtuple
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -67,10 +67,13 @@ class RulePolicy(Policy):
         return CompiledForm(keys="rule", rule=self.rule)
 
 
+rule: Any = None   # the rule function each copy of _fill calls: bound in the copy's own globals (load)
+
+
 def _fill(rows, out, t, rank):
     """``out[j]`` = the rule's key of ``rows[j]`` (``rule`` is bound per rule module)."""
     for j in range(rows.shape[0]):
-        out[j] = rule(rows[j], t, rank)  # noqa: F821 -- bound in each copy's own globals
+        out[j] = rule(rows[j], t, rank)
 
 
 #: the functions of a policy's keys, each run over rows by a loop of :func:`_fill`'s
@@ -87,7 +90,7 @@ def compile_rules(module: str) -> bool:
     for called in vars(mod).values():
         if isinstance(called, types.ModuleType) and called is not mod and hasattr(called, "RULES"):
             compile_rules(called.__name__)
-    return compile_in_place(vars(mod), mod.RULES, mod.__file__)
+    return compile_in_place(vars(mod), mod.RULES, mod.__file__ or "")
 
 
 @functools.cache

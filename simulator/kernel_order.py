@@ -11,9 +11,11 @@ only one that can starve first). Plain Python that numba compiles.
 
 from __future__ import annotations
 
+from typing import Any
+
 from simulator.kernel_layout import KEY_SCORE
 
-_rule_decode_key = None   # the policy's rule (policies/rule.py), bound by simulator.kernel.load_kernel
+_rule_decode_key: Any = None   # the policy's rule (policies/rule.py), bound by simulator.kernel.load_kernel
 
 
 def _key(r, t, keys_on):

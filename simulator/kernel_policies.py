@@ -22,13 +22,14 @@ Plain Python that numba compiles (inlined into the step, :func:`simulator.kernel
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from policies.aging import aged_key as _aged
 from policies.ltr_starvation import PROMOTED_OFFSET, UNSEEN
 from simulator.kernel_layout import KEY_SCORE
 from simulator.kernel_order import _heapify, _insertion_sort, _key, _rekey_sort, _sift_down, _sift_up
 
-_rule_admission_key = None   # the policy's rule (policies/rule.py), bound by simulator.kernel.load_kernel
+_rule_admission_key: Any = None   # the policy's rule (policies/rule.py), bound by simulator.kernel.load_kernel
 
 
 def _decode_key(r, t, w, s, st):
