@@ -57,7 +57,7 @@ from simulator.kernel_steps import (
 KERNEL_MODULES = ("simulator.kernel_float", "simulator.kernel_order", "simulator.kernel_policies",
                   "simulator.kernel_steps", "simulator.kernel_log", "simulator.kernel")
 #: the policies' files whose per-row functions the kernel compiles in (beside the policy's rule)
-POLICY_SOURCES = ("policies.aging", "policies.ssjf_starvation", "policies.trail_preemption")
+POLICY_SOURCES = ("policies.aging", "policies.ssjf_starvation", "policies.trail_preemption", "policies.ltr_starvation")
 #: the modules of the step's parts, inlined into the loop (and kernel_policies' INLINED names)
 STEP_MODULES = ("simulator.kernel_steps", "simulator.kernel_log")
 

@@ -10,7 +10,8 @@ times, and the kernel re-keys exactly then:
   ticks a key moves only as countdown's does. The key is the policy's own ``aged_key``, compiled in.
 - LTR's starvation rule (``policies.ltr_starvation.LTRStarvation``): its per-row state
   (``runs_left``, ``served_seen``, ``first_waiting``: the policy's own arrays) changes only when the
-  reference asks the policy for keys, so the kernel runs the same updates at the same calls: decode
+  reference asks the policy for keys, so the kernel runs the same updates (the policy's own
+  ``decode_row`` and ``promote_waiting``, compiled in) at the same calls: decode
   keys when more rows are ready than there are slots and the wait cap leaves a slot to rank
   (:func:`simulator.kernel_steps._choose_decodes`), admission keys whenever admission is ordered and
   has room, budget and a waiting row (:func:`simulator.kernel_steps._admit`). A promoted row's key
@@ -26,6 +27,8 @@ from typing import Any
 
 from policies.aging import aged_key as _aged
 from policies.ltr_starvation import PROMOTED_OFFSET, UNSEEN
+from policies.ltr_starvation import decode_row as _ltr_decode_row
+from policies.ltr_starvation import promote_waiting as _ltr_promote_waiting
 from simulator.kernel_layout import KEY_SCORE
 from simulator.kernel_order import _heapify, _insertion_sort, _key, _rekey_sort, _sift_down, _sift_up
 
@@ -88,19 +91,10 @@ def _ltr_decode_keys(t, w, s, st, rows, n_rows):
     """LTRStarvation.decode_keys over the decision's ``rows[:n_rows]``: the runs of promoted rows
     since the policy last looked, then rows idle for ``promote_after_idle`` steps promoted; the
     standing order is re-sorted when a row's promotion changed."""
-    step, changed = st.step, False
+    changed = False
     for j in range(n_rows):
-        r = rows[j]
-        last = t.last_served[r]
-        if w.runs_left[r] > 0:
-            seen = w.served_seen[r]
-            ran = 1 if seen == UNSEEN else max(last - seen, 0)
-            w.runs_left[r] = max(w.runs_left[r] - ran, 0)
-            w.served_seen[r] = last
-            changed = changed or w.runs_left[r] == 0
-        if w.runs_left[r] == 0 and step - last - 1 >= s.promote_after_idle:
-            w.runs_left[r] = s.promoted_runs
-            w.served_seen[r] = step - 1
+        if _ltr_decode_row(rows[j], st.step, t.last_served, w.runs_left, w.served_seen, s.promote_after_idle,
+                           s.promoted_runs):
             changed = True
     if changed:
         _policy_rekey_sort(t, w, s, st, st.n_res)
@@ -121,8 +115,8 @@ def _ltr_admission_keys(t, w, s, st):
         if not t.admitted[p]:
             if step - w.first_waiting[p] < s.promote_after_idle:
                 break
-            if w.runs_left[p] == 0 and w.served_seen[p] == UNSEEN:
-                w.runs_left[p] = s.promoted_runs
+            if _ltr_promote_waiting(p, step, w.first_waiting, w.runs_left, w.served_seen, s.promote_after_idle,
+                                    s.promoted_runs):
                 _heap_rekey(w.heap_keys, w.heap_rows, st.heap, p, _admission_key(p, t, w, s, st))
         p += 1
     st.ltr_idle_ptr = p
@@ -138,8 +132,9 @@ def _heap_rekey(hk, hr, size, row, key):
             return
 
 
-JITTED = ("_aged", "_policy_key", "_decode_key", "_admission_key", "_policy_rekey_sort", "_aging_clock", "_aging_tick",
-          "_ltr_decode_keys", "_ltr_admission_keys", "_heap_rekey")
+JITTED = ("_ltr_decode_row", "_ltr_promote_waiting", "_aged", "_policy_key", "_decode_key", "_admission_key",
+          "_policy_rekey_sort", "_aging_clock", "_aging_tick", "_ltr_decode_keys", "_ltr_admission_keys",
+          "_heap_rekey")
 #: inlined into the step (the keys, on every path); the rest are called, so that their bodies, run only
 #: by aging and LTR, do not weigh on the other policies' compiled step (inlined, countdown ran 1.3x slower)
 INLINED = ("_aged", "_policy_key", "_decode_key", "_admission_key", "_policy_rekey_sort", "_aging_clock")
