@@ -18,7 +18,8 @@ step 0 also re-orders the never-admitted requests in vLLM's FCFS deque by the po
 ``admission_keys`` (stable, arrival order breaks ties), behind any preempted request vLLM put back
 at the front; vLLM then admits from the front as usual. (vLLM's own ``priority`` policy is not
 used: its integer priority is fixed at submission, before an asynchronous score exists, and it
-also changes which running request a KV shortage preempts.) Hidden-state predictors have no
+also changes which running request a KV shortage preempts; a request's ``priority`` as submitted
+reaches the policy as a request attribute, ``SchedulerView.attributes``: ``core.attributes``.) Hidden-state predictors have no
 estimate before prefill and admit FCFS. Timing per step (``leap_stats()``): ``order_s`` =
 steps 1-3 (policy ordering, re-scoring, hand-off), ``predict_s`` = the hook's read-out in that
 step's forward (``order_s`` includes taking in text-encoder scores and ordering admission), ``step_s`` = schedule() start to update_from_output() end.
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from core.attributes import of_requests
 from live.config import CONFIG_KEY, LiveSchedulerConfig
 from live.predictors import make_live_predictor
 from live.worker_ext import PredictionChannel
@@ -194,7 +196,8 @@ class LeapScheduler(Scheduler):
             predicted=np.fromiter((s.predicted for s in states), dtype=np.float64, count=n),
             generated=np.zeros(n, dtype=np.int64), output_kind="length",
             step=step, last_served=np.full(n, -1, dtype=np.int64),
-            first_predicted=np.fromiter((s.first_predicted for s in states), dtype=np.float64, count=n))
+            first_predicted=np.fromiter((s.first_predicted for s in states), dtype=np.float64, count=n),
+            attributes=of_requests(new))
         keys = self.leap_policy.admission_keys(view, np.arange(n))
         if keys is None:
             return
@@ -231,7 +234,8 @@ class LeapScheduler(Scheduler):
                 generated=np.fromiter((_generated(r) for r in cand), dtype=np.int64, count=n),
                 output_kind="length", step=step,
                 last_served=last_served,
-                first_predicted=np.fromiter((s.first_predicted for s in states), dtype=np.float64, count=n))
+                first_predicted=np.fromiter((s.first_predicted for s in states), dtype=np.float64, count=n),
+                attributes=of_requests(cand))
             chosen_idx, n_forced = choose_decodes(self.leap_policy, view, np.arange(n), decode_slots=cfg.decode_slots,
                                                   wait_cap=cfg.wait_cap, step=step, last_served=last_served)
             picked = np.zeros(n, dtype=bool)

@@ -8,9 +8,10 @@ order, i.e. FCFS. The score is the countdown key (predicted remaining, or a rank
 score, which rank predictors keep positive), so aging composes with any predictor.
 
 The log is libm's (``math.log``), not numpy's: numpy's SIMD log (AVX-512) differs from libm in the
-last bit on some inputs, and the compiled kernel (``simulator/kernel_policies.py``) calls libm, so
-both kernels compute the same keys bit for bit. The rounding is numpy's own ``np.round`` (multiply,
-round half to even, divide) written out, so the kernel makes the same three operations.
+last bit on some inputs. One row's key is written once (:func:`aged_key`): the reference calls it
+row by row (compiled in place with numba) and the compiled kernel compiles it in
+(``simulator/kernel_policies.py``), so both kernels compute the same keys bit for bit. The rounding
+is numpy's own ``np.round`` (multiply, round half to even, divide) written out.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import math
 
 import numpy as np
 
+from policies import countdown
 from policies.base import CompiledForm, Policy, SchedulerView
 from policies.countdown import remaining
+from policies.rule import compile_rules
 
 GAMMA = 0.9
 TAU_S = 30.0
@@ -28,6 +31,27 @@ RECOMPUTE_S = 5.0
 KEY_DECIMALS = 9   # log-key resolution: far below any real difference, far above float noise
 KEY_SCALE = 10.0 ** KEY_DECIMALS   # np.round(x, KEY_DECIMALS) is np.rint(x * KEY_SCALE) / KEY_SCALE
 SCORE_FLOOR = 1e-300               # the log of a score <= 0 stays finite
+
+
+def aged_key(score, arrival, clock, log_rate):
+    """One row's key (the compiled kernel's too): round(log(max(score, 1e-300)) + log_rate x
+    max(clock - arrival, 0), 9 decimals), libm's log and numpy's round written out (``np.rint``
+    rounds half to even); a nan score or wait stays nan."""
+    wait = clock - arrival
+    if wait < 0.0:
+        wait = 0.0
+    if score < SCORE_FLOOR:
+        score = SCORE_FLOOR
+    return np.rint((math.log(score) + log_rate * wait) * KEY_SCALE) / KEY_SCALE
+
+
+def aged_rows(scores, arrival, rows, clock, log_rate, out):
+    """:func:`aged_key` of each of ``rows`` (``scores`` in the same order), into ``out``."""
+    for j in range(rows.shape[0]):
+        out[j] = aged_key(scores[j], arrival[rows[j]], clock, log_rate)
+
+
+RULES = ("aged_key", "aged_rows")
 
 
 class Aging(Policy):
@@ -44,13 +68,13 @@ class Aging(Policy):
 
     def aged(self, view: SchedulerView, rows: np.ndarray, score: np.ndarray) -> np.ndarray:
         """log(score) + wait * log(gamma) / tau: the same order as score * gamma**(wait/tau), rounded
-        so that mathematically equal keys tie exactly and fall back to row order."""
+        so that mathematically equal keys tie exactly and fall back to row order (:func:`aged_key`)."""
         aging_clock = math.floor(view.now / self.recompute_s) * self.recompute_s
-        wait = np.maximum(aging_clock - view.arrival_s[rows], 0.0)
-        floored = np.maximum(score, SCORE_FLOOR).tolist()
-        log_score = np.fromiter(map(math.log, floored), dtype=np.float64, count=len(floored))
-        log_key = log_score + self._log_gamma_per_s * wait
-        return np.rint(log_key * KEY_SCALE) / KEY_SCALE
+        out = np.empty(len(rows), dtype=np.float64)
+        compile_rules(__name__)
+        aged_rows(np.ascontiguousarray(score, dtype=np.float64), view.arrival_s, np.asarray(rows, dtype=np.int64),
+                  aging_clock, self._log_gamma_per_s, out)
+        return out
 
     def decode_keys(self, view: SchedulerView, rows):
         return self.aged(view, rows, remaining(view, rows))
@@ -59,7 +83,7 @@ class Aging(Policy):
         return self.aged(view, rows, view.predicted[rows])
 
     def compiled_form(self) -> CompiledForm:
-        return CompiledForm(keys="remaining", aging_log_rate=self._log_gamma_per_s, aging_every_s=self.recompute_s)
+        return CompiledForm(keys="rule", rule=countdown.__name__, aging_log_rate=self._log_gamma_per_s, aging_every_s=self.recompute_s)
 
     def describe(self) -> dict:
         return {"name": self.name, "gamma": self.gamma, "tau_s": self.tau_s, "recompute_s": self.recompute_s}

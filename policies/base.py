@@ -14,6 +14,8 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
+from core.attributes import Attributes
+
 
 @dataclass
 class SchedulerView:
@@ -27,6 +29,7 @@ class SchedulerView:
     step: int = 0              # index of the step being composed
     last_served: np.ndarray | None = None      # int64, step of each row's last decode (or prefill)
     first_predicted: np.ndarray | None = None  # float64, each row's first estimate (nan before)
+    attributes: Attributes | None = None       # each row's request attributes (core.attributes; None: defaults)
 
 
 @dataclass(frozen=True)
@@ -34,8 +37,9 @@ class CompiledForm:
     """What the compiled kernel (``simulator/kernel.py``) runs in place of ``decode_keys``: a policy
     that declares one is replayed there byte for byte; one that does not runs on the reference engine.
 
-    ``keys``: ``"row"`` (arrival order) or ``"remaining"`` (countdown's remaining length; a rank
-    predictor's static score); ``lock_after``: TRAIL's limited preemption, a row past this share of its
+    ``keys``: ``"row"`` (arrival order) or ``"rule"``: the keys of the rule module named by ``rule``
+    (``policies/rule.py``: the policy's own functions, compiled into the kernel; countdown's
+    ``"policies.countdown"`` for the policies that start from its remaining length); ``lock_after``: TRAIL's limited preemption, a row past this share of its
     first estimate that held a slot in the previous step keeps it; ``rank_predictors``: whether a
     rank-only predictor's scores may serve as keys under this form; ``starve_after_s``: SSJF's
     starvation override, a decision whose longest-waiting row (the first by arrival) has waited more
@@ -48,7 +52,8 @@ class CompiledForm:
     the kernel keeps that policy's own per-row state arrays).
     """
 
-    keys: Literal["row", "remaining"]
+    keys: Literal["row", "rule"]
+    rule: str | None = None
     lock_after: float | None = None
     rank_predictors: bool = True
     starve_after_s: float | None = None

@@ -23,13 +23,59 @@ from __future__ import annotations
 
 import numpy as np
 
+from policies import countdown
 from policies.base import CompiledForm, Policy, SchedulerView
 from policies.countdown import remaining
+from policies.rule import compile_rules
 
 IDLE_STEPS = 200
 RUNS = 10
 PROMOTED_OFFSET = 1e12
 UNSEEN = -1
+
+
+def decode_row(r, step, last_served, runs_left, served_seen, idle_steps, runs):
+    """Row ``r``'s state at a decode call (the compiled kernel's too): a promoted row counts the runs
+    since the policy last looked (a row promoted while waiting: one), and a row idle for
+    ``idle_steps`` steps is promoted for ``runs`` runs. True when its promotion began or ended."""
+    last = last_served[r]
+    changed = False
+    if runs_left[r] > 0:
+        seen = served_seen[r]
+        ran = 1 if seen == UNSEEN else max(last - seen, 0)
+        runs_left[r] = max(runs_left[r] - ran, 0)
+        served_seen[r] = last
+        changed = runs_left[r] == 0
+    if runs_left[r] == 0 and step - last - 1 >= idle_steps:
+        runs_left[r] = runs
+        served_seen[r] = step - 1
+        changed = True
+    return changed
+
+
+def promote_waiting(r, step, first_waiting, runs_left, served_seen, idle_steps, runs):
+    """Waiting row ``r``, seen waiting since ``first_waiting[r]``, is promoted once it has waited
+    ``idle_steps`` steps, never run and not promoted (the compiled kernel's test too): True then."""
+    if step - first_waiting[r] >= idle_steps and runs_left[r] == 0 and served_seen[r] == UNSEEN:
+        runs_left[r] = runs
+        return True
+    return False
+
+
+def decode_rows(rows, step, last_served, runs_left, served_seen, idle_steps, runs):
+    for j in range(rows.shape[0]):
+        decode_row(rows[j], step, last_served, runs_left, served_seen, idle_steps, runs)
+
+
+def waiting_rows(rows, step, first_waiting, runs_left, served_seen, idle_steps, runs):
+    """Each waiting row's first call is noted, then :func:`promote_waiting`."""
+    for j in range(rows.shape[0]):
+        if first_waiting[rows[j]] == UNSEEN:
+            first_waiting[rows[j]] = step
+        promote_waiting(rows[j], step, first_waiting, runs_left, served_seen, idle_steps, runs)
+
+
+RULES = ("decode_row", "promote_waiting", "decode_rows", "waiting_rows")
 
 
 class LTRStarvation(Policy):
@@ -47,27 +93,13 @@ class LTRStarvation(Policy):
         self.served_seen = np.full(n, UNSEEN, dtype=np.int64)
         self.first_waiting = np.full(n, UNSEEN, dtype=np.int64)
 
-    def _promote(self, rows: np.ndarray, served_seen: np.ndarray) -> None:
-        self.runs_left[rows] = self.runs
-        self.served_seen[rows] = served_seen
-
     def decode_keys(self, view: SchedulerView, rows):
         base = remaining(view, rows)
         if view.last_served is None or not len(rows):
             return base
-        last = view.last_served[rows]
-        # count the runs of promoted requests since the policy last looked
-        prom = self.runs_left[rows] > 0
-        if prom.any():
-            r = rows[prom]
-            seen = self.served_seen[r]
-            ran = np.where(seen == UNSEEN, 1, np.maximum(last[prom] - seen, 0))
-            self.runs_left[r] = np.maximum(self.runs_left[r] - ran, 0)
-            self.served_seen[r] = last[prom]
-        idle = view.step - last - 1
-        new = (self.runs_left[rows] == 0) & (idle >= self.idle_steps)
-        if new.any():
-            self._promote(rows[new], np.full(int(new.sum()), view.step - 1))
+        compile_rules(__name__)
+        decode_rows(np.asarray(rows, dtype=np.int64), view.step, view.last_served, self.runs_left, self.served_seen,
+                    self.idle_steps, self.runs)
         promoted = self.runs_left[rows] > 0
         return np.where(promoted, base - PROMOTED_OFFSET, base)
 
@@ -75,18 +107,15 @@ class LTRStarvation(Policy):
         base = view.predicted[rows]
         if not len(rows):
             return base
-        first = self.first_waiting[rows]
-        self.first_waiting[rows] = np.where(first == UNSEEN, view.step, first)
-        idle = view.step - self.first_waiting[rows]
-        new = (self.runs_left[rows] == 0) & (idle >= self.idle_steps) & (self.served_seen[rows] == UNSEEN)
-        if new.any():
-            self._promote(rows[new], np.full(int(new.sum()), UNSEEN))
+        compile_rules(__name__)
+        waiting_rows(np.asarray(rows, dtype=np.int64), view.step, self.first_waiting, self.runs_left,
+                     self.served_seen, self.idle_steps, self.runs)
         promoted = self.runs_left[rows] > 0
         return np.where(promoted, base - PROMOTED_OFFSET, base)
 
     def compiled_form(self) -> CompiledForm:
         # the kernel runs these updates on this policy's own state arrays (simulator/kernel_policies.py)
-        return CompiledForm(keys="remaining", promote_after_idle=self.idle_steps, promoted_runs=self.runs)
+        return CompiledForm(keys="rule", rule=countdown.__name__, promote_after_idle=self.idle_steps, promoted_runs=self.runs)
 
     def describe(self) -> dict:
         return {"name": self.name, "idle_steps": self.idle_steps, "runs": self.runs}

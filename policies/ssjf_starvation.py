@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from policies import countdown
 from policies.base import CompiledForm, Policy, SchedulerView
 from policies.countdown import remaining
 
@@ -25,6 +26,16 @@ WAIT_THRESHOLD_S = 100.0
 WAIT_COEFFICIENT = 10.0
 EXEC_BASE_S = 0.1
 EXEC_PER_TOKEN_S = 0.02
+
+
+def starving_row(wait, predicted, threshold_s, factor, base_s, per_token_s):
+    """The override fires for a decision whose longest-waiting row has waited ``wait`` with estimate
+    ``predicted`` (the compiled kernel's test too): wait > threshold or wait > factor x its
+    predicted execution time (base + per token x max(estimate, 0); a nan estimate stays nan)."""
+    if predicted < 0.0:
+        predicted = 0.0
+    exec_s = base_s + per_token_s * predicted
+    return wait > threshold_s or wait > factor * exec_s
 
 
 class SSJFStarvation(Policy):
@@ -41,9 +52,8 @@ class SSJFStarvation(Policy):
             return False
         arrival = view.arrival_s[rows]
         j = rows[int(np.argmin(arrival))]          # ties: the first row, i.e. the earliest id
-        wait = view.now - view.arrival_s[j]
-        exec_s = EXEC_BASE_S + EXEC_PER_TOKEN_S * max(float(view.predicted[j]), 0.0)
-        return wait > self.threshold_s or wait > self.coefficient * exec_s
+        return starving_row(view.now - view.arrival_s[j], float(view.predicted[j]), self.threshold_s,
+                            self.coefficient, EXEC_BASE_S, EXEC_PER_TOKEN_S)
 
     def decode_keys(self, view: SchedulerView, rows):
         if self.starving(view, rows):
@@ -56,7 +66,7 @@ class SSJFStarvation(Policy):
         return view.predicted[rows]
 
     def compiled_form(self) -> CompiledForm:
-        return CompiledForm(keys="remaining", starve_after_s=self.threshold_s, starve_factor=self.coefficient,
+        return CompiledForm(keys="rule", rule=countdown.__name__, starve_after_s=self.threshold_s, starve_factor=self.coefficient,
                             exec_base_s=EXEC_BASE_S, exec_per_token_s=EXEC_PER_TOKEN_S)
 
     def describe(self) -> dict:

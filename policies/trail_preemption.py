@@ -17,11 +17,28 @@ from __future__ import annotations
 
 import numpy as np
 
+from policies import countdown
 from policies.base import CompiledForm, Policy, SchedulerView
 from policies.countdown import remaining
+from policies.rule import compile_rules
 
 PREEMPTION_LIMIT = 0.8
 LOCKED_KEY = -np.inf  # below every key: countdown's (>= 0.5, the floor) and any rank score
+
+
+def locked_row(r, step, c, last_served, generated, first_predicted):
+    """Row ``r`` keeps its slot (the compiled kernel's test too): decoded in the previous step and
+    generated past ``c`` x its first estimate (a nan first estimate: never)."""
+    return last_served[r] == step - 1 and generated[r] > c * first_predicted[r]
+
+
+def locked_rows(rows, step, c, last_served, generated, first_predicted, out):
+    """:func:`locked_row` of each of ``rows``, into ``out``."""
+    for j in range(rows.shape[0]):
+        out[j] = locked_row(rows[j], step, c, last_served, generated, first_predicted)
+
+
+RULES = ("locked_row", "locked_rows")
 
 
 class TrailPreemption(Policy):
@@ -35,13 +52,13 @@ class TrailPreemption(Policy):
         self.c = float(c)
 
     def locked(self, view: SchedulerView, rows: np.ndarray) -> np.ndarray:
+        out = np.zeros(len(rows), dtype=bool)
         if view.first_predicted is None or view.last_served is None:
-            return np.zeros(len(rows), dtype=bool)
-        init = view.first_predicted[rows]
-        with np.errstate(invalid="ignore"):
-            beyond = view.generated[rows] > self.c * init          # nan init -> False
-        running = view.last_served[rows] == view.step - 1
-        return beyond & running
+            return out
+        compile_rules(__name__)
+        locked_rows(np.asarray(rows, dtype=np.int64), view.step, self.c, view.last_served, view.generated,
+                    view.first_predicted, out)
+        return out
 
     def decode_keys(self, view: SchedulerView, rows):
         keys = remaining(view, rows)
@@ -51,7 +68,7 @@ class TrailPreemption(Policy):
         return view.predicted[rows]
 
     def compiled_form(self) -> CompiledForm:
-        return CompiledForm(keys="remaining", lock_after=self.c)
+        return CompiledForm(keys="rule", rule=countdown.__name__, lock_after=self.c)
 
     def describe(self) -> dict:
         return {"name": self.name, "c": self.c}

@@ -48,7 +48,7 @@ import numpy as np
 
 from predictors.base import Known
 from simulator.compiled_log import fill_step_log, no_log, with_room
-from simulator.kernel import load_kernel
+from simulator.kernel import DEFAULT_RULE, load_kernel
 from simulator.kernel_estimates import C_CPU_PER_PREDICTION, C_CPU_SPENT, C_TAP_FRACTION, load_publishing_kernel
 from simulator.kernel_layout import (
     AFTER_STEP,
@@ -159,7 +159,7 @@ class CompiledRun:
         self.rows = Rows(table.arrival, table.prompt, table.length, self.predicted, table.generated,
                          table.last_served, table.forced_steps, table.admitted, table.admit_s, table.first_token_s,
                          table.finish_s, table.admit_step, table.first_token_step, table.finish_step,
-                         table.first_predicted, table.ready_s, table.prefilled)
+                         table.first_predicted, table.ready_s, table.prefilled, table.attributes)
         self.work = self._work_arrays(n, sim.policy)
         self.settings = self._settings(sim)
         self.state, self.batch = new_record(STATE), new_record(BATCH)   # what the kernel takes
@@ -169,9 +169,12 @@ class CompiledRun:
         self.st.lru_head = self.st.lru_tail = -1
         self.st.next_event = np.inf
         self.kernel_args = (self.rows, self.work, self.settings, self.state, self.batch)
-        self.publishing = self._fixed_estimates_publisher(sim)
-        self.trail = compiled_trail(self, sim)   # TRAIL's Python stops done in compiled code
-        self.online = compiled_online(self, sim) if self.fb_batch else None   # LEAP+RLS's prefill estimates
+        # the policy's rule compiled in; the predictors' compiled stops are built on the default rule's kernel
+        self.rule = sim.policy.compiled_form().rule or DEFAULT_RULE
+        own_rule = self.rule != DEFAULT_RULE
+        self.publishing = None if own_rule else self._fixed_estimates_publisher(sim)
+        self.trail = None if own_rule else compiled_trail(self, sim)   # TRAIL's Python stops done in compiled code
+        self.online = compiled_online(self, sim) if self.fb_batch and not own_rule else None   # LEAP+RLS's prefill estimates
         self.advance(0)   # compiles the kernel or loads it from the cache, before the run's clock starts
 
     def _work_arrays(self, n: int, policy) -> Work:
@@ -245,7 +248,7 @@ class CompiledRun:
         if self.online is not None:
             return advance_online(self, max_steps, self.online)
         if self.publishing is None:
-            return int(load_kernel()(max_steps, *self.kernel_args))
+            return int(load_kernel(self.rule)(max_steps, *self.kernel_args))
         estimates, cost = self.publishing
         cost[C_CPU_SPENT] = self.driver.cpu_s
         done = load_publishing_kernel()(max_steps, estimates, cost, *self.kernel_args)

@@ -24,10 +24,9 @@ import functools
 import hashlib
 import importlib
 import os
+import types
 from pathlib import Path
 
-from policies.aging import KEY_SCALE, SCORE_FLOOR
-from policies.countdown import REMAINING_FLOOR
 from policies.ltr_starvation import PROMOTED_OFFSET, UNSEEN
 from policies.trail_preemption import LOCKED_KEY
 from simulator.kernel_float import _step_time
@@ -57,6 +56,8 @@ from simulator.kernel_steps import (
 #: the modules whose functions numba compiles, in import order (their ``JITTED`` names)
 KERNEL_MODULES = ("simulator.kernel_float", "simulator.kernel_order", "simulator.kernel_policies",
                   "simulator.kernel_steps", "simulator.kernel_log", "simulator.kernel")
+#: the policies' files whose per-row functions the kernel compiles in (beside the policy's rule)
+POLICY_SOURCES = ("policies.aging", "policies.ssjf_starvation", "policies.trail_preemption", "policies.ltr_starvation")
 #: the modules of the step's parts, inlined into the loop (and kernel_policies' INLINED names)
 STEP_MODULES = ("simulator.kernel_steps", "simulator.kernel_log")
 
@@ -152,31 +153,41 @@ def _run_steps(max_steps, t, w, s, state, batch):
 JITTED = ("_take_estimates", "_step_charge")
 
 
-def _kernel_sources() -> bytes:
-    return b"".join(Path(importlib.import_module(m).__file__ or "").read_bytes() for m in KERNEL_MODULES)
+#: the rule of the kernel that forms without one (FCFS's row order) run on, and the trace wrappers' kernel
+DEFAULT_RULE = "policies.countdown"
 
 
-def numba_cache_folder() -> str:
-    """Where numba caches this kernel: ``$NUMBA_CACHE_DIR``, else leap-sched's cache, in a folder
-    named by the kernel's sources and the values compiled in from other modules. numba re-validates
-    a cached function by its own file's stamp only, not by the files of the functions it calls (nor
-    a changed ``REMAINING_FLOOR`` or ``LOCKED_KEY``), so any change leads to another folder."""
-    compiled_in = (("REMAINING_FLOOR", REMAINING_FLOOR), ("LOCKED_KEY", LOCKED_KEY), ("KEY_SCALE", KEY_SCALE),
-                   ("SCORE_FLOOR", SCORE_FLOOR), ("PROMOTED_OFFSET", PROMOTED_OFFSET), ("UNSEEN", UNSEEN))
+def _kernel_sources(rule: str) -> bytes:
+    modules = (*KERNEL_MODULES, *POLICY_SOURCES, rule, "policies.rule")
+    return b"".join(Path(importlib.import_module(m).__file__ or "").read_bytes() for m in modules)
+
+
+def numba_cache_folder(rule: str = DEFAULT_RULE) -> str:
+    """Where numba caches the kernel of policy rule ``rule``: ``$NUMBA_CACHE_DIR``, else leap-sched's
+    cache, in a folder named by the kernel's and the rule's sources and the values compiled in from
+    other modules (and the policies' files it compiles functions of). numba re-validates a cached
+    function by its own file's stamp only, not by the files of the functions it calls (nor a changed
+    ``LOCKED_KEY``), so any change leads to another folder."""
+    compiled_in = (("LOCKED_KEY", LOCKED_KEY), ("PROMOTED_OFFSET", PROMOTED_OFFSET), ("UNSEEN", UNSEEN),
+                   ("rule", rule))
     from core.jit import numba_cache_base
 
     digest = hashlib.sha256(repr(compiled_in).encode())
-    digest.update(_kernel_sources())
+    digest.update(_kernel_sources(rule))
     return os.path.join(numba_cache_base(), f"kernel-{digest.hexdigest()[:12]}")
 
 
-@functools.lru_cache(maxsize=1)
-def load_kernel():
-    """The jitted step function, or None without numba. Imported on first use, so reference runs
-    never pay for numba; the helpers are jitted in place in every kernel module that calls them by
-    name. Cached on disk by numba (:func:`numba_cache_folder`), so only the first process after a
-    change compiles. The cache used to crash on reload: ``_pairwise`` was recursive, which numba
-    cannot reload (numba#6061); it walks a stack now. Compiled without numba's reference counts
+@functools.cache
+def load_kernel(rule: str = DEFAULT_RULE):
+    """The jitted step function with policy rule ``rule`` (a module of ``policies/rule.py``'s form)
+    compiled in, or None without numba. Imported on first use, so reference runs never pay for
+    numba. The default rule's kernel is jitted in place in every kernel module that calls its
+    helpers by name; another rule's kernel is made of copies of the same functions, each module's
+    globals a private copy in which its helpers and the rule are that kernel's (numba reads them
+    when it compiles), so kernels of several rules live in one process. Cached on disk by numba
+    (:func:`numba_cache_folder`, one folder per rule), so only the first process after a change
+    compiles. The cache used to crash on reload: ``_pairwise`` was recursive, which numba cannot
+    reload (numba#6061); it walks a stack now. Compiled without numba's reference counts
     (``_nrt=False``; the kernel allocates nothing): each read of an array from the named tuples
     would otherwise count a reference, which made the cut kernel 2x slower than the one-function one.
     The step's parts (:mod:`simulator.kernel_steps`, :mod:`simulator.kernel_policies`) are inlined
@@ -185,19 +196,37 @@ def load_kernel():
         import numba
     except ImportError:
         return None
-    jit = numba.njit(nogil=True, cache=True, _nrt=False)
+    from policies.rule import compile_rules
+
+    compile_rules(rule)   # the rule's functions compiled in place (its own cache)
+    rule_module = importlib.import_module(rule)
+    bindings = {"_rule_decode_key": rule_module.decode_key, "_rule_admission_key": rule_module.admission_key}
     modules = [importlib.import_module(m) for m in KERNEL_MODULES]
-    saved, numba.config.CACHE_DIR = numba.config.CACHE_DIR, numba_cache_folder()   # read when jitted
+    in_place = rule == DEFAULT_RULE
+    spaces = {m.__name__: vars(m) if in_place else dict(vars(m)) for m in modules}
+    jit = numba.njit(nogil=True, cache=True, _nrt=False)
+    inline = numba.njit(nogil=True, cache=True, _nrt=False, inline="always")
+    saved, numba.config.CACHE_DIR = numba.config.CACHE_DIR, numba_cache_folder(rule)   # read when jitted
     try:
-        plain = {name: getattr(m, name) for m in modules for name in m.JITTED}
-        inline = numba.njit(nogil=True, cache=True, _nrt=False, inline="always")
         steps = ({name for m in STEP_MODULES for name in importlib.import_module(m).JITTED}
                  | set(importlib.import_module("simulator.kernel_policies").INLINED) | set(JITTED))
-        jitted = {name: (inline if name in steps else jit)(fn) for name, fn in plain.items()}
+        jitted = {}
         for m in modules:
-            for name, fn in plain.items():
-                if vars(m).get(name) is fn:
-                    setattr(m, name, jitted[name])
-        return jit(_run_steps)
+            for name in m.JITTED:
+                jitted[name] = (inline if name in steps else jit)(_own(vars(m)[name], spaces, in_place))
+        for space in spaces.values():
+            for name, fn in (*jitted.items(), *bindings.items()):
+                if name in space:
+                    space[name] = fn
+        return jit(_own(_run_steps, spaces, in_place))
     finally:
         numba.config.CACHE_DIR = saved
+
+
+def _own(fn, spaces: dict, in_place: bool):
+    """``fn`` (its plain Python) reading its globals from its kernel module's ``spaces`` entry: itself
+    when jitted in place or when it is a policy's own function (which calls no kernel helper)."""
+    fn = getattr(fn, "py_func", fn)
+    if in_place or fn.__module__ not in spaces:
+        return fn
+    return types.FunctionType(fn.__code__, spaces[fn.__module__], fn.__name__, fn.__defaults__, fn.__closure__)

@@ -89,6 +89,7 @@ class Rows(NamedTuple):
     first_predicted: np.ndarray
     ready_s: np.ndarray
     prefilled: np.ndarray
+    attributes: tuple        # the rows' request attributes (core.attributes.Attributes)
 
 
 class Work(NamedTuple):

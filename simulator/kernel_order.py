@@ -11,21 +11,16 @@ only one that can starve first). Plain Python that numba compiles.
 
 from __future__ import annotations
 
-from policies.countdown import REMAINING_FLOOR
+from typing import Any
+
 from simulator.kernel_layout import KEY_SCORE
 
-
-def _key(r, keys_on, predicted, generated):
-    """The policy's decode key of row r (policies.countdown.remaining)."""
-    if keys_on == KEY_SCORE:
-        return predicted[r]
-    key = predicted[r] - generated[r]
-    return key if key > REMAINING_FLOOR else REMAINING_FLOOR
+_rule_decode_key: Any = None   # the policy's rule (policies/rule.py), bound by simulator.kernel.load_kernel
 
 
-def _locked(r, step, lock_c, last_served, generated, first_predicted):
-    """policies.trail_preemption: past c x its first estimate and decoded in the previous step."""
-    return last_served[r] == step - 1 and generated[r] > lock_c * first_predicted[r]
+def _key(r, t, keys_on):
+    """The policy's decode key of row r: its rule's ``decode_key`` (a rank predictor's scores: ``rank``)."""
+    return _rule_decode_key(r, t, keys_on == KEY_SCORE)
 
 
 def _before(ka, ra, kb, rb):
@@ -33,11 +28,11 @@ def _before(ka, ra, kb, rb):
     return ka < kb or (ka == kb and ra < rb)
 
 
-def _rekey_sort(ord_keys, ord_rows, n, keys_on, predicted, generated):
+def _rekey_sort(ord_keys, ord_rows, n, t, keys_on):
     """Re-key ``ord_rows[:n]`` and restore its (key, row) order by insertion sort: near linear when
     the keys moved little (a decoded prefix, an online update's small shift)."""
     for i in range(n):
-        ord_keys[i] = _key(ord_rows[i], keys_on, predicted, generated)
+        ord_keys[i] = _key(ord_rows[i], t, keys_on)
     for a in range(1, n):
         kr, rr = ord_keys[a], ord_rows[a]
         b = a - 1
@@ -170,5 +165,5 @@ def _heapify(hk, hr, size):
         _sift_down(hk, hr, size, i)
 
 
-JITTED = ("_key", "_locked", "_before", "_rekey_sort", "_insertion_sort", "_ord_insert", "_lru_append", "_lru_remove", "_sift_up",
+JITTED = ("_key", "_before", "_rekey_sort", "_insertion_sort", "_ord_insert", "_lru_append", "_lru_remove", "_sift_up",
           "_sift_down", "_heap_push", "_heap_pop", "_heapify")

@@ -7,11 +7,11 @@ times, and the kernel re-keys exactly then:
 
 - aging (``policies.aging.Aging``): every key depends on the aging clock, floor(now / 5 s) x 5 s,
   so when it ticks every resident and every waiting row is re-keyed (:func:`_aging_tick`); between
-  ticks a key moves only as countdown's does. The key is the reference's float64 operations in
-  its order: libm's log, then numpy's round (multiply, round half to even, divide).
+  ticks a key moves only as countdown's does. The key is the policy's own ``aged_key``, compiled in.
 - LTR's starvation rule (``policies.ltr_starvation.LTRStarvation``): its per-row state
   (``runs_left``, ``served_seen``, ``first_waiting``: the policy's own arrays) changes only when the
-  reference asks the policy for keys, so the kernel runs the same updates at the same calls: decode
+  reference asks the policy for keys, so the kernel runs the same updates (the policy's own
+  ``decode_row`` and ``promote_waiting``, compiled in) at the same calls: decode
   keys when more rows are ready than there are slots and the wait cap leaves a slot to rank
   (:func:`simulator.kernel_steps._choose_decodes`), admission keys whenever admission is ordered and
   has room, budget and a waiting row (:func:`simulator.kernel_steps._admit`). A promoted row's key
@@ -23,37 +23,30 @@ Plain Python that numba compiles (inlined into the step, :func:`simulator.kernel
 from __future__ import annotations
 
 import math
+from typing import Any
 
-import numpy as np
-
-from policies.aging import KEY_SCALE, SCORE_FLOOR
+from policies.aging import aged_key as _aged
 from policies.ltr_starvation import PROMOTED_OFFSET, UNSEEN
+from policies.ltr_starvation import decode_row as _ltr_decode_row
+from policies.ltr_starvation import promote_waiting as _ltr_promote_waiting
+from simulator.kernel_layout import KEY_SCORE
 from simulator.kernel_order import _heapify, _insertion_sort, _key, _rekey_sort, _sift_down, _sift_up
 
-
-def _aged(score, arrival, clock, log_rate):
-    """Aging.aged of one row: round(log(max(score, 1e-300)) + log_rate x max(clock - arrival, 0), 9)
-    with numpy's round written out (``np.rint`` rounds half to even, as numpy's does)."""
-    wait = clock - arrival
-    if wait < 0.0:
-        wait = 0.0
-    if score < SCORE_FLOOR:   # np.maximum(score, SCORE_FLOOR): a nan score stays nan
-        score = SCORE_FLOOR
-    return np.rint((math.log(score) + log_rate * wait) * KEY_SCALE) / KEY_SCALE
+_rule_admission_key: Any = None   # the policy's rule (policies/rule.py), bound by simulator.kernel.load_kernel
 
 
 def _decode_key(r, t, w, s, st):
     """The policy's decode key of row ``r``: countdown's (policies.countdown.remaining; ``_key``),
     aged at the stored aging clock (Aging.decode_keys) or put first while promoted
     (LTRStarvation.decode_keys)."""
-    return _policy_key(_key(r, s.keys_on, t.predicted, t.generated), r, t, w, s, st)
+    return _policy_key(_key(r, t, s.keys_on), r, t, w, s, st)
 
 
 def _admission_key(r, t, w, s, st):
     """The policy's admission key of row ``r``: its estimate (Countdown.admission_keys, SSJF's
     outside its override), aged (Aging.admission_keys) or put first while promoted
     (LTRStarvation.admission_keys)."""
-    return _policy_key(t.predicted[r], r, t, w, s, st)
+    return _policy_key(_rule_admission_key(r, t, s.keys_on == KEY_SCORE), r, t, w, s, st)
 
 
 def _policy_key(key, r, t, w, s, st):
@@ -71,7 +64,7 @@ def _policy_rekey_sort(t, w, s, st, n):
     keys by ``kernel_order._rekey_sort`` (a compact loop of its own: through this one, countdown's
     compiled step ran 1.3x slower)."""
     if not (s.aging or s.promotes):
-        _rekey_sort(w.ord_keys, w.ord_rows, n, s.keys_on, t.predicted, t.generated)
+        _rekey_sort(w.ord_keys, w.ord_rows, n, t, s.keys_on)
         return
     for i in range(n):
         w.ord_keys[i] = _decode_key(w.ord_rows[i], t, w, s, st)
@@ -98,19 +91,10 @@ def _ltr_decode_keys(t, w, s, st, rows, n_rows):
     """LTRStarvation.decode_keys over the decision's ``rows[:n_rows]``: the runs of promoted rows
     since the policy last looked, then rows idle for ``promote_after_idle`` steps promoted; the
     standing order is re-sorted when a row's promotion changed."""
-    step, changed = st.step, False
+    changed = False
     for j in range(n_rows):
-        r = rows[j]
-        last = t.last_served[r]
-        if w.runs_left[r] > 0:
-            seen = w.served_seen[r]
-            ran = 1 if seen == UNSEEN else max(last - seen, 0)
-            w.runs_left[r] = max(w.runs_left[r] - ran, 0)
-            w.served_seen[r] = last
-            changed = changed or w.runs_left[r] == 0
-        if w.runs_left[r] == 0 and step - last - 1 >= s.promote_after_idle:
-            w.runs_left[r] = s.promoted_runs
-            w.served_seen[r] = step - 1
+        if _ltr_decode_row(rows[j], st.step, t.last_served, w.runs_left, w.served_seen, s.promote_after_idle,
+                           s.promoted_runs):
             changed = True
     if changed:
         _policy_rekey_sort(t, w, s, st, st.n_res)
@@ -131,8 +115,8 @@ def _ltr_admission_keys(t, w, s, st):
         if not t.admitted[p]:
             if step - w.first_waiting[p] < s.promote_after_idle:
                 break
-            if w.runs_left[p] == 0 and w.served_seen[p] == UNSEEN:
-                w.runs_left[p] = s.promoted_runs
+            if _ltr_promote_waiting(p, step, w.first_waiting, w.runs_left, w.served_seen, s.promote_after_idle,
+                                    s.promoted_runs):
                 _heap_rekey(w.heap_keys, w.heap_rows, st.heap, p, _admission_key(p, t, w, s, st))
         p += 1
     st.ltr_idle_ptr = p
@@ -148,8 +132,9 @@ def _heap_rekey(hk, hr, size, row, key):
             return
 
 
-JITTED = ("_aged", "_policy_key", "_decode_key", "_admission_key", "_policy_rekey_sort", "_aging_clock", "_aging_tick",
-          "_ltr_decode_keys", "_ltr_admission_keys", "_heap_rekey")
+JITTED = ("_ltr_decode_row", "_ltr_promote_waiting", "_aged", "_policy_key", "_decode_key", "_admission_key",
+          "_policy_rekey_sort", "_aging_clock", "_aging_tick", "_ltr_decode_keys", "_ltr_admission_keys",
+          "_heap_rekey")
 #: inlined into the step (the keys, on every path); the rest are called, so that their bodies, run only
 #: by aging and LTR, do not weigh on the other policies' compiled step (inlined, countdown ran 1.3x slower)
 INLINED = ("_aged", "_policy_key", "_decode_key", "_admission_key", "_policy_rekey_sort", "_aging_clock")

@@ -11,10 +11,12 @@ counters ``st`` and step ``b`` (:mod:`simulator.kernel_layout`). Plain Python th
 
 from __future__ import annotations
 
+from policies.ssjf_starvation import starving_row
 from policies.trail_preemption import LOCKED_KEY
+from policies.trail_preemption import locked_row as _locked
 from simulator.kernel_float import _pairwise
 from simulator.kernel_layout import KEY_ROW, PRED_NONE, PRED_PREFILL, PRED_STATIC
-from simulator.kernel_order import _before, _heap_pop, _heap_push, _locked, _lru_append, _lru_remove, _ord_insert
+from simulator.kernel_order import _before, _heap_pop, _heap_push, _lru_append, _lru_remove, _ord_insert
 from simulator.kernel_policies import (
     _admission_key,
     _aging_clock,
@@ -41,13 +43,9 @@ def _score_arrivals(t, w, s, st):
 
 def _starving(t, s, now, j):
     """SSJFStarvation.starving of a decision whose longest-waiting row is ``j`` (rows are in arrival
-    order, so it is the decision's first row)."""
-    wait = now - t.arrival[j]
-    p = t.predicted[j]
-    if 0.0 > p:   # Python's max(p, 0.0): a nan estimate stays nan
-        p = 0.0
-    exec_s = s.exec_base_s + s.exec_per_token_s * p
-    return wait > s.starve_after_s or wait > s.starve_factor * exec_s
+    order, so it is the decision's first row): the policy's own ``starving_row``, compiled in."""
+    return starving_row(now - t.arrival[j], t.predicted[j], s.starve_after_s, s.starve_factor, s.exec_base_s,
+                        s.exec_per_token_s)
 
 
 def _rank(t, w, s, st, candidates, n_cand, at, k, skip_starving):
@@ -430,5 +428,5 @@ def _python_due(t, w, s, st, b):
     return prefill or refresh or fb_due
 
 
-JITTED = ("_score_arrivals", "_starving", "_rank", "_next_locked", "_choose_decodes", "_admit", "_prefill", "_compose", "_note_decodes",
-          "_finish", "_land", "_retire", "_reorder", "_python_due")
+JITTED = ("_score_arrivals", "starving_row", "_starving", "_locked", "_rank", "_next_locked", "_choose_decodes",
+          "_admit", "_prefill", "_compose", "_note_decodes", "_finish", "_land", "_retire", "_reorder", "_python_due")

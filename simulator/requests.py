@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.attributes import of_trace
 from core.trace import Trace
 
 NOT_YET = np.nan
@@ -31,6 +32,7 @@ class RequestTable:
         self.arrival = arrival                                   # closed loop: later rows +inf until released
         self.prompt = workload.prompt_tokens.astype(np.int64)
         self.prompt_sq = self.prompt * self.prompt
+        self.attributes = of_trace(workload)                     # request attributes (core.attributes)
         self.length = workload.output_tokens.astype(np.int64)    # completion only; never shown to policies
         self.generated = np.zeros(n, dtype=np.int64)
         self.predicted = np.zeros(n, dtype=np.float64)           # current estimate (or rank score)

@@ -123,8 +123,9 @@ def test_aging_and_ltr_compiled_match_reference_with_refreshing_predictors(case,
 
 
 def test_the_kernels_aged_key_is_the_references():
-    """The kernel's key of one row (libm's log, numpy's round written out) equals Aging.aged's on
-    scores <= 0, tiny and huge, waits clamped at 0, and keys whose 9th decimal is a half."""
+    """The kernel's key of one row (the policy's ``aged_key`` compiled in) and Aging.aged's (the same
+    function row by row) equal the formula in numpy (libm's log) on scores <= 0, tiny and huge, waits
+    clamped at 0, and keys whose 9th decimal is a half."""
     from simulator import kernel, kernel_policies
 
     kernel.load_kernel()   # the jitted helpers
@@ -139,7 +140,10 @@ def test_the_kernels_aged_key_is_the_references():
         ref = policy.aged(view, np.arange(len(score)), score)
         clock = math.floor(now / policy.recompute_s) * policy.recompute_s
         comp = np.array([kernel_policies._aged(s, a, clock, policy._log_gamma_per_s) for s, a in zip(score, arrival)])
-        assert ref.tobytes() == comp.tobytes(), now
+        floored = np.maximum(score, 1e-300).tolist()
+        formula = np.fromiter(map(math.log, floored), dtype=np.float64) + policy._log_gamma_per_s * np.maximum(
+            clock - arrival, 0.0)
+        assert ref.tobytes() == comp.tobytes() == (np.rint(formula * 1e9) / 1e9).tobytes(), now
     # keys whose 9th decimal is exactly a half (x * 1e9 = k + 0.5): numpy rounds them to even, so must the kernel
     k = np.concatenate([np.arange(-50, 50), np.arange(10**6, 10**6 + 50)]) + 0.5
     halves = [x for x in (k / 1e9).tolist() if x * 1e9 == round(x * 1e9 - 0.5) + 0.5]

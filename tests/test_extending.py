@@ -19,23 +19,33 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "extending.md"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-TOY_POLICY = "toy-longest"
+TOY_POLICY = "toy-priority"
 TOY_PREDICTOR = "toy-prompt"
 #: step 1 of each recipe: the new file (the toy's code, as a user would write it)
 TOY_FILES = {
     "toy_policy.py": '''
-        """Longest predicted remaining first (countdown reversed): a toy policy."""
-        from policies.base import Policy
-        from policies.countdown import remaining
+        """Priority class first (the request attribute ``priority``), then least predicted work: a toy."""
+        from policies import countdown
+        from policies.rule import RulePolicy
+
+        CLASS_WIDTH = 2.0 ** 32   # one class's keys stay below the next class's (remaining < 2^32 tokens)
 
 
-        class ToyLongest(Policy):
-            name = "toy-longest"
-            uses_predictions = True
-            why_not = {"compiled": "a toy without a compiled form", "live": "a toy"}
+        def decode_key(r, t, rank):
+            return t.attributes.priority[r] * CLASS_WIDTH + countdown.decode_key(r, t, rank)
 
-            def decode_keys(self, view, rows):
-                return -remaining(view, rows)
+
+        def admission_key(r, t, rank):
+            return t.attributes.priority[r] * CLASS_WIDTH + countdown.admission_key(r, t, rank)
+
+
+        RULES = ("decode_key", "admission_key")
+
+
+        class ToyPriority(RulePolicy):
+            name = "toy-priority"
+            rule = __name__
+            why_not = {"live": "a toy"}
         ''',
     "toy_predictor.py": '''
         """Output length = prompt length: a toy, rule-based predictor (not learned)."""
@@ -63,10 +73,10 @@ TOY_FILES = {
         from policies import POLICIES
         from predictors import PREDICTORS
         from predictors.live import NOT_LIVE
-        from toy_policy import ToyLongest
+        from toy_policy import ToyPriority
         from toy_predictor import ToyPrompt
 
-        POLICIES["toy-longest"] = ToyLongest
+        POLICIES["toy-priority"] = ToyPriority
         PREDICTORS["toy-prompt"] = ToyPrompt
         NOT_LIVE["toy-prompt"] = "nothing it could use (a toy)"
         ''',
@@ -137,10 +147,10 @@ def test_the_recipes_count_and_name_files_that_exist():
 def test_a_new_policy_must_join_the_reference_or_the_exempt_list(monkeypatch, toy_site):
     monkeypatch.syspath_prepend(str(toy_site))
     import test_registries
-    from toy_policy import ToyLongest
+    from toy_policy import ToyPriority
 
     from policies import POLICIES
-    monkeypatch.setitem(POLICIES, TOY_POLICY, ToyLongest)
+    monkeypatch.setitem(POLICIES, TOY_POLICY, ToyPriority)
     with pytest.raises(AssertionError, match=TOY_POLICY):
         test_registries.test_every_policy_is_in_the_reference_or_exempt_by_name()
     monkeypatch.setattr(test_registries, "REFERENCE_EXEMPT", test_registries.REFERENCE_EXEMPT | {TOY_POLICY})
@@ -170,7 +180,45 @@ def test_the_recipes_commands_run_as_written(tag, name, toy_site):
         assert r.returncode == 0, f"{' '.join(argv)}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
         if argv[0] == "pytest":
             assert re.search(r"\d+ passed", r.stdout) and "deselected" in r.stdout, r.stdout[-2000:]
-        if argv[0] == "simulate":   # at the documented load the policy chooses
+        if argv[0] == "simulate":   # at the documented load the policy chooses, in the compiled kernel
             assert "never had more ready requests" not in r.stderr, r.stderr
+            assert "--kernel compiled" not in r.stderr, r.stderr
         if argv[0] != "pytest":
             assert name in r.stdout, r.stdout[-2000:]
+
+
+def test_the_toy_policy_serves_by_priority_class_on_both_kernels_alike(monkeypatch, toy_site):
+    """The toy's rule, written once, is what both engines run: the compiled kernel (no fallback)
+    replays the reference byte for byte, and the trace's ``priority`` column reaches the rule."""
+    import dataclasses
+
+    import numpy as np
+    import pyarrow as pa
+
+    from core.trace import trace_from_arrays
+    from predictors import make_predictor
+    from simulator.compiled import unsupported
+    from simulator.engine import EngineConfig, Simulation
+    from simulator.profiles.unit import UnitProfile
+
+    pytest.importorskip("numba")
+    monkeypatch.syspath_prepend(str(toy_site))
+    from toy_policy import ToyPriority
+
+    n = 40
+    rng = np.random.default_rng(3)
+    output = rng.integers(2, 30, n)
+    trace = trace_from_arrays("toy", np.full(n, 8), output)
+    priority = np.where(np.arange(n) % 2 == 0, 1, 0)   # odd rows are the urgent class
+    trace = dataclasses.replace(trace, table=trace.table.append_column("priority", pa.array(priority, pa.int64())))
+    runs = {}
+    for kernel in ("reference", "compiled"):
+        oracle = make_predictor("oracle")
+        sim = Simulation(trace, np.zeros(n), policy=ToyPriority(), predictor=oracle, profile=UnitProfile(),
+                         config=EngineConfig(max_resident=n, decode_slots=4, wait_cap=0), kernel=kernel)
+        assert unsupported(sim) is None
+        runs[kernel] = sim.run()
+    ref, comp = runs["reference"], runs["compiled"]
+    assert ref.finish_s.tobytes() == comp.finish_s.tobytes()
+    urgent, other = ref.finish_s[priority == 0], ref.finish_s[priority == 1]
+    assert urgent.mean() < other.mean() and np.median(urgent) < np.median(other)   # served first

@@ -222,22 +222,25 @@ def test_a_step_that_leaves_a_carried_prompt_where_it_was_is_a_stall(monkeypatch
 # ------------------------------------------------------------------ the compiled kernel's rules, directly
 
 
-def test_kernel_decode_key_floors_fractional_remaining_lengths():
-    """kernel_order._key: predicted - generated, floored at 0.5 (policies.countdown.remaining)."""
-    from simulator.kernel_layout import KEY_REMAINING, KEY_SCORE
-    from simulator.kernel_order import _key
+def test_countdown_rule_floors_fractional_remaining_lengths():
+    """policies.countdown.decode_key, the key both kernels compute: predicted - generated, floored at
+    0.5; a rank predictor's score as it is."""
+    from core.attributes import defaults
+    from policies.countdown import decode_key
+    from policies.rule import RuleRows
 
     predicted = np.array([3.7, 2.2, 10.25, 4.0, 1.5])
     generated = np.array([3, 2, 2, 4, 1])
-    keys = [_key(r, KEY_REMAINING, predicted, generated) for r in range(5)]
+    t = RuleRows(predicted, generated, np.zeros(5), np.full(5, np.nan), defaults(5))
+    keys = [decode_key(r, t, False) for r in range(5)]
     assert keys == pytest.approx([0.7, 0.5, 8.25, 0.5, 0.5], abs=1e-12)
-    assert [_key(r, KEY_SCORE, predicted, generated) for r in range(2)] == [3.7, 2.2]
+    assert [decode_key(r, t, True) for r in range(2)] == [3.7, 2.2]
 
 
 def test_kernel_trail_lock_boundary():
-    """kernel_order._locked: decoded in the previous step and generated strictly past c x its first
-    estimate (policies.trail_preemption.TrailPreemption.locked)."""
-    from simulator.kernel_order import _locked
+    """kernel_steps._locked (policies.trail_preemption.locked_row, both kernels' test): decoded in the
+    previous step and generated strictly past c x its first estimate."""
+    from simulator.kernel_steps import _locked
 
     first = np.array([10.0, 10.0, 10.0, 10.0, 7.5])
     generated = np.array([8, 9, 9, 20, 6])
