@@ -172,6 +172,11 @@ class Predictor(ABC):
     # compiled kernel may hold them as a constant array
     static_estimates: ClassVar[bool] = False
     queue_aware: ClassVar[bool] = False        # its estimates depend on ``Known`` (arrived, finished)
+    # what a fleet's least-work router may read before the replica's own estimate exists
+    # (docs/semantics.md "Fleets"): "prompt" = ``predict`` at arrival, from the prompt alone;
+    # "prior" = ``prior_length`` (a hidden-state predictor has nothing before prefill); None = it
+    # cannot serve the router (a rank score is no token count), and least-work refuses it
+    router_estimate: ClassVar[Literal["prompt", "prior"] | None] = None
     refresh_every: int | None = None
     # feedback returns None until this many finished rows have reached it since its last update, so
     # an engine may hold the calls back until then (the compiled kernel does; 1: any call may update)

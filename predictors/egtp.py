@@ -116,6 +116,7 @@ class EGTP(HeadPredictor):
     trainer = staticmethod(train)
     output = "length"
     stage = "prefill"
+    router_estimate = "prior"
     requires = ("feat_entropy_pooled",)
 
     def __init__(self, artifact: Artifact):

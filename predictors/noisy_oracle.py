@@ -16,6 +16,7 @@ from predictors.base import Predictor, PredictorOptions
 class NoisyOracle(Predictor):
     name = "noisy-oracle"
     stage = "arrival"
+    router_estimate = "prompt"
     sees_true_lengths = True
     static_estimates = True
 

@@ -10,6 +10,7 @@ from predictors.base import Predictor
 class Oracle(Predictor):
     name = "oracle"
     stage = "arrival"
+    router_estimate = "prompt"
     sees_true_lengths = True
     static_estimates = True
 

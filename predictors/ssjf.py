@@ -99,6 +99,7 @@ class SSJF(HeadPredictor):
     trainer = staticmethod(train)
     output = "length"
     stage = "arrival"
+    router_estimate = "prompt"
     requires = ("text_embedding",)
 
     def __init__(self, artifact: Artifact):

@@ -181,6 +181,7 @@ class Tie(HeadPredictor):
     trainer = staticmethod(train)
     output = "length"
     stage = "arrival"
+    router_estimate = "prompt"
     requires = ("text_embedding",)
 
     def __init__(self, artifact: Artifact, batch: int = BATCH_B):

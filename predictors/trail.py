@@ -197,6 +197,7 @@ class Trail(HeadPredictor):
     trainer = staticmethod(train)
     output = "length"
     stage = "arrival"
+    router_estimate = "prompt"
     requires = ("text_embedding", "feat_mean")
 
     def __init__(self, artifact: Artifact, refresh: bool | None = None):

@@ -23,6 +23,7 @@ class Leap(Predictor):
 
     name = "leap"
     stage = "prefill"
+    router_estimate = "prior"
     learned = True
     requires = (DEFAULT_COLUMN,)
     column = DEFAULT_COLUMN
