@@ -1,7 +1,7 @@
 """The fleet study (docs/results.md "Fleets"): routers x policies at several fleet sizes, each
 against round-robin + FCFS on the same seed, with 95% t-intervals over seeds.
 
-    python -m experiments.fleet_study --replicas 4,16 --seeds 5 --load 1.3 > fleet.md
+    python -m experiments.fleet_study --replicas 4,16 --per-replica 500 --seeds 5 --load 1.3 > fleet.md
 
 What LEAP adds at the router (least-work on LEAP+RLS estimates, FCFS replicas), at the replica
 (round-robin, countdown on LEAP+RLS), and at both; least-requests is the field's default and
@@ -42,10 +42,11 @@ METRICS = ("mean_e2e_s", "p99_e2e_s", "mean_tpot_s", "p99_tpot_s")
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
-def run_arm(arm: Arm, trace: str, replicas: int, load: float, seed: int) -> dict:
-    """One run's figures (TPOT per request = (finish - first token) / (output tokens - 1))."""
+def run_arm(arm: Arm, trace: str, replicas: int, load: float, seed: int, per_replica: int) -> dict:
+    """One run's figures (TPOT per request = (finish - first token) / (output tokens - 1)); the trace is
+    tiled to ``per_replica`` x ``replicas`` requests, so every fleet size holds the same queue per replica."""
     config = RunConfig(trace=trace, predictor=arm.predictor, policy=arm.policy, load=load, seed=seed,
-                       replicas=replicas, router=arm.router, kernel="reference")
+                       replicas=replicas, router=arm.router, kernel="reference", tile=per_replica * replicas)
     summary, result = execute(prepare(config))
     multi = result.output_tokens > 1
     tpot = (result.finish_s - result.first_token_s)[multi] / (result.output_tokens[multi] - 1)
@@ -93,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace", default="sharegpt")
     p.add_argument("--replicas", default="4,16", help="comma list of fleet sizes")
     p.add_argument("--load", type=float, default=1.3, help="multiple of the fleet's FCFS capacity")
+    p.add_argument("--per-replica", type=bounded_int(1, 100_000), default=500,
+                   help="requests per replica (the trace tiled to this x replicas)")
     p.add_argument("--seeds", type=bounded_int(2, 10), default=5)
     p.add_argument("--json", help="also write every run's figures here")
     args = p.parse_args(argv)
@@ -103,10 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     for replicas in sizes:
         for seed in seeds:
             for arm in ARMS:
-                runs[(replicas, arm.label, seed)] = run_arm(arm, args.trace, replicas, args.load, seed)
+                runs[(replicas, arm.label, seed)] = run_arm(arm, args.trace, replicas, args.load, seed, args.per_replica)
                 print(f"fleet_study: {replicas} {arm.router} {arm.predictor} {arm.policy} seed {seed}: "
                       f"{runs[(replicas, arm.label, seed)]}", file=sys.stderr, flush=True)
-    print(f"Trace {args.trace}, Poisson arrivals at {args.load:g}x the fleet's FCFS capacity, seeds "
+    print(f"Trace {args.trace} tiled to {args.per_replica} requests per replica, Poisson arrivals at {args.load:g}x the fleet's FCFS capacity, seeds "
           f"{seeds[0]}-{seeds[-1]}; figures are means over seeds ± 95% t-interval; 'vs base' is the change "
           "against round-robin + FCFS on the same seed (mean ± 95% t-interval over seeds); balance = outstanding "
           "true work per replica, max / mean, averaged over routings.\n")
