@@ -29,7 +29,7 @@ from simulator.workload import ArrivalSpec, make_arrivals
 
 #: Largest seed: results tables store it as a Parquet int64.
 MAX_SEED = 2**63 - 1
-_CODE_PACKAGES = ("core", "policies", "predictors", "simulator")
+_CODE_PACKAGES = ("core", "policies", "predictors", "routers", "simulator")
 
 
 @lru_cache(maxsize=1)
