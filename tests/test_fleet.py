@@ -129,3 +129,19 @@ def test_least_work_refuses_a_predictor_that_cannot_serve_it():
     workload, arrival, profile = _sharegpt(n=20)
     with pytest.raises(ValueError, match="least-work needs a predictor that can serve the router"):
         _fleet(workload, arrival, profile, "countdown", "ltr", 2, "least-work")
+
+
+@pytest.mark.parametrize(("predictor", "kind"), [("oracle", "prompt"), ("leap-rls", "prior")])
+def test_least_work_reads_the_declared_routing_estimate(predictor, kind):
+    """Until a replica's own estimate exists, least-work counts the routing estimate the predictor
+    declares: the prompt-only prediction (the oracle's is the true length) or the prior (LEAP)."""
+    workload, arrival, profile = _sharegpt(n=120, rate=120.0)
+    sim = FleetSimulation(workload, arrival, replicas=3, router=make_router("least-work"),
+                          make_policy=lambda: make_policy("countdown"), make_predictor=lambda: make_predictor(predictor),
+                          profile=profile, config=SMALL)
+    sim.run()
+    assert sim.predictors[0].router_estimate == kind
+    expected = (sim.length.astype(np.float64) if kind == "prompt"
+                else np.full(sim.n, sim.predictors[0].prior_length))
+    np.testing.assert_array_equal(sim.route_estimate, expected)
+    assert len({id(p) for p in sim.predictors}) == (1 if sim.predictors[0].static_estimates else 3)
