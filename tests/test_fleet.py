@@ -145,3 +145,15 @@ def test_least_work_reads_the_declared_routing_estimate(predictor, kind):
                 else np.full(sim.n, sim.predictors[0].prior_length))
     np.testing.assert_array_equal(sim.route_estimate, expected)
     assert len({id(p) for p in sim.predictors}) == (1 if sim.predictors[0].static_estimates else 3)
+
+
+def test_every_predictor_declares_a_routing_estimate_it_can_make():
+    """A prompt-only estimate needs an arrival-stage predictor; a rank score is no token count."""
+    from predictors import PREDICTORS
+
+    for name, cls in PREDICTORS.items():
+        assert cls.router_estimate in ("prompt", "prior", None), name
+        if cls.router_estimate == "prompt":
+            assert cls.stage == "arrival", name
+        if cls.output == "rank":
+            assert cls.router_estimate is None, name
