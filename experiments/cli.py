@@ -35,6 +35,7 @@ from experiments.table import load_text, print_table
 from policies import POLICIES
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
+from routers import DEFAULT_ROUTER, MAX_REPLICAS, ROUTERS
 from simulator.compiled import DEFAULT_KERNEL, KERNELS
 from simulator.engine import EngineConfig
 from simulator.profiles import DEFAULT_PROFILE, PROFILES, is_profile_name
@@ -116,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prefill a prompt longer than the budget left in chunks, vLLM V1 style (default off)")
     p.add_argument("--decodes-in-budget", action=argparse.BooleanOptionalAction, default=None,
                    help="each decode takes one token of --prefill-budget first, vLLM V1 style (default off)")
+    p.add_argument("--replicas", type=bounded_int(1, MAX_REPLICAS, "replicas one fleet simulates"), default=1,
+                   help="engine replicas behind a router, one clock (default 1: the single engine)")
+    p.add_argument("--router", default=DEFAULT_ROUTER, help=f"how a fleet routes each arrival: {', '.join(ROUTERS)} "
+                   f"(default {DEFAULT_ROUTER}; least-work needs a predictor that can serve it)")
     p.add_argument("--noise-mae", type=_float, default=0.0, help="noisy-oracle mean absolute error (tokens)")
     p.add_argument("--train-trace", default="lmsys", help="training trace for learned predictors")
     p.add_argument("--refresh", choices=("default", "on", "off"), default="default",
@@ -264,7 +269,7 @@ def _configs(args) -> list[RunConfig]:
                                  load=load, arrivals=arrivals, requests=args.requests, seed=seed, tile=args.tile,
                                  engine_config=engine_config, preset=args.preset, engine_overrides=overrides,
                                  predictor_options=dataclasses.replace(options, seed=seed),
-                                 charge_cost=predictor_cost == "charged"))
+                                 charge_cost=predictor_cost == "charged", replicas=args.replicas, router=args.router))
     return configs
 
 

@@ -182,12 +182,24 @@ class Predictor(ABC):
     # where it runs (tests/test_capabilities.py holds every registered class to these), each one
     # declared False with its reason in ``why_not`` (the fallback note or the refusal names it);
     # live or not: by name in ``predictors/live.py``, beside its live twin
-    capabilities: ClassVar[tuple[str, ...]] = ("compiled", "scores_at_arrival")
+    capabilities: ClassVar[tuple[str, ...]] = ("compiled", "scores_at_arrival", "serves_router")
     compiled: ClassVar[bool] = True            # the compiled kernel replays it byte for byte
     # a length estimate from the prompt alone when a request arrives, before any engine holds it and
     # whatever an engine's queue holds, so a router may use it
     scores_at_arrival: ClassVar[bool] = False
+    # a fleet's least-work router may add up its estimates (token counts): before the replica's own
+    # estimate exists it reads the prompt-only one (``scores_at_arrival``) or ``prior_length``
+    serves_router: ClassVar[bool] = True
     why_not: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def router_estimate(cls) -> Literal["prompt", "prior"] | None:
+        """What least-work reads before the replica's own estimate (docs/semantics.md "Fleets"):
+        "prompt" = ``predict`` at arrival, from the prompt alone; "prior" = ``prior_length`` (a
+        hidden-state predictor has nothing before prefill); None = it cannot serve the router."""
+        if not cls.serves_router:
+            return None
+        return "prompt" if cls.scores_at_arrival else "prior"
 
     settings_defaults: ClassVar[dict] = {}     # this predictor's own settings and their defaults (typed)
 

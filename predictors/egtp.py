@@ -116,7 +116,7 @@ class EGTP(HeadPredictor):
     trainer = staticmethod(train)
     output = "length"
     stage = "prefill"
-    compiled, scores_at_arrival = True, False
+    compiled, scores_at_arrival, serves_router = True, False, True
     why_not = {"scores_at_arrival": "it reads the serving model's prefill state (entropy-pooled)"}
     requires = ("feat_entropy_pooled",)
 

@@ -126,8 +126,9 @@ class LTR(HeadPredictor):
     trainer = staticmethod(train)
     output = "rank"
     stage = "arrival"
-    compiled, scores_at_arrival = True, False
-    why_not = {"scores_at_arrival": "its score is a rank, not a length a router could add up"}
+    compiled, scores_at_arrival, serves_router = True, False, False
+    why_not = {"scores_at_arrival": "its score is a rank, not a length a router could add up",
+               "serves_router": "its score is a rank, not a token count a router could add up"}
     requires = ("text_embedding",)
 
     def __init__(self, artifact: Artifact):

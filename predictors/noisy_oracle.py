@@ -18,7 +18,7 @@ class NoisyOracle(Predictor):
     stage = "arrival"
     sees_true_lengths = True
     static_estimates = True
-    compiled = scores_at_arrival = True
+    compiled = scores_at_arrival = serves_router = True
 
     def __init__(self, noise_mae: float = 0.0):
         self.noise_mae = float(noise_mae)

@@ -12,7 +12,7 @@ class Oracle(Predictor):
     stage = "arrival"
     sees_true_lengths = True
     static_estimates = True
-    compiled = scores_at_arrival = True
+    compiled = scores_at_arrival = serves_router = True
 
     def bind(self, workload, rng):
         super().bind(workload, rng)

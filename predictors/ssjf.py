@@ -99,7 +99,7 @@ class SSJF(HeadPredictor):
     trainer = staticmethod(train)
     output = "length"
     stage = "arrival"
-    compiled = scores_at_arrival = True
+    compiled = scores_at_arrival = serves_router = True
     requires = ("text_embedding",)
 
     def __init__(self, artifact: Artifact):

@@ -181,7 +181,7 @@ class Tie(HeadPredictor):
     trainer = staticmethod(train)
     output = "length"
     stage = "arrival"
-    compiled, scores_at_arrival = True, False
+    compiled, scores_at_arrival, serves_router = True, False, True
     why_not = {"scores_at_arrival": "its score weighs the engine's queue (Known), which a request being routed "
                                     "has not joined"}
     requires = ("text_embedding",)

@@ -198,7 +198,7 @@ class Trail(HeadPredictor):
     output = "length"
     stage = "arrival"
     observes_prefill = True   # after_prefill: the probe on the prefill state
-    compiled = scores_at_arrival = True   # at arrival: its prompt prior
+    compiled = scores_at_arrival = serves_router = True   # at arrival: its prompt prior
     requires = ("text_embedding", "feat_mean")
 
     def __init__(self, artifact: Artifact, refresh: bool | None = None):

@@ -29,8 +29,9 @@ from predictors.base import Predictor, PredictorCost
 from simulator.config import EngineConfig
 from simulator.prediction import NoPrediction, PredictionDriver
 from simulator.profiles.base import EngineProfile
-from simulator.requests import NOT_YET, RequestTable, clock_step
+from simulator.requests import NOT_YET, RequestTable
 from simulator.scheduler import Scheduler, SimulationStalled
+from simulator.stepping import EngineParts
 
 #: the paper's vLLM setup (512 resident, 64 decode slots); frozen, so one instance serves every default
 DEFAULT_ENGINE_CONFIG = EngineConfig()
@@ -98,6 +99,10 @@ class RunResult:
     output_kind: str = "length"       # the predictor's output: "length", or "rank" (no MAE)
     mae_in_use: float | None = None   # |estimate - true length| per decoded token, refreshes included
     contended_steps: int = 0          # steps in which the policy's order decided something (see _step_loop)
+    # a fleet's run (simulator/fleet.py): the replica each request was routed to, and the balance
+    replica: np.ndarray | None = None
+    replicas: int = 1
+    balance_max_over_mean: float | None = None   # outstanding true work, max / mean over replicas, at routings
 
     @property
     def makespan_s(self) -> float:
@@ -246,7 +251,8 @@ class Simulation:
     def _step_loop(self, env: simpy.Environment, table: RequestTable, scheduler: Scheduler,
                    driver: NoPrediction, log: StepLog | None, state: dict):
         """Orchestrates the parts; every decision and every piece of state lives in them."""
-        n, profile, progress, cfg = table.n, self.profile, self.progress, self.config
+        n, progress = table.n, self.progress
+        parts = EngineParts(table, scheduler, driver, self.profile, self.config, self.step_clock, log)
         step = 0
         while table.finished < n:
             now = env.now
@@ -254,21 +260,9 @@ class Simulation:
             if scheduler.idle(arrived):
                 yield env.timeout(table.arrival[arrived] - now)   # idle only when nothing is waiting
                 continue
-            driver.score_arrivals(arrived, now)
-            batch = scheduler.compose(arrived, step, now)
-            driver.note_decodes(batch.chosen)
-            duration = profile.step_time(batch.prefill_tokens, batch.prefill_sq, len(batch.chosen), batch.context)
-            duration += driver.step_charge(len(batch.admit), batch.prefill_tokens)
-            if log is not None:
-                log.record(now, duration, batch, arrived, cfg.max_resident)
+            batch, duration = parts.begin(now, arrived, step)
             yield env.timeout(duration)
-            done = table.land(step, clock_step(step, now, self.step_clock), now, env.now, batch.chosen,
-                              batch.n_forced, batch.admit, batch.first, batch.prefill_tokens)
-            driver.after_step(batch.first, batch.chosen, now, duration)
-            table.retire(done, batch.first, env.now, scheduler.ordered_admission)
-            if log is not None:
-                log.finished.append(table.finished)
-            driver.feedback(done)
+            parts.end(batch, step, now, duration, env.now)
             step += 1
             state["steps"] = step
             if progress is not None and (step & 1023) == 0:

@@ -54,6 +54,8 @@ def requests_table(result: RunResult) -> pa.Table:
         "prompt_tokens": pa.array(result.prompt_tokens, pa.int32()),
         "predicted_tokens": pa.array(result.predicted_tokens, pa.float64(), from_pandas=True),
         "forced_steps": pa.array(result.forced_steps, pa.int32()),
+        # a fleet's runs only, so a single engine's file keeps its bytes
+        **({"replica": pa.array(result.replica, pa.int32())} if result.replica is not None else {}),
     })
 
 
@@ -130,4 +132,21 @@ def summarize(result: RunResult, **context) -> dict:
         "mae_in_use": _num(result.mae_in_use) if result.mae_in_use is not None else None,
         "sim_cpu_s": _num(result.sim_cpu_s),
     }
+    if result.replica is not None:
+        summary.update(fleet_balance(result))
     return {**context, **summary}
+
+
+def fleet_balance(result: RunResult) -> dict:
+    """A fleet's balance (docs/semantics.md "Fleets"): requests per replica, max over mean, and
+    outstanding true work per replica at each routing, max over mean, averaged over routings
+    (1.0 = even; N = everything on one replica)."""
+    assert result.replica is not None
+    counts = np.bincount(result.replica, minlength=result.replicas).astype(np.float64)
+    mean = counts.mean() if len(counts) else 0.0
+    return {
+        "replicas": int(result.replicas),
+        "replica_requests_max_over_mean": _num(counts.max() / mean) if mean > 0 else None,
+        "replica_work_max_over_mean": (_num(result.balance_max_over_mean)
+                                       if result.balance_max_over_mean is not None else None),
+    }

@@ -16,9 +16,11 @@ from policies import make_policy
 from predictors import NO_PREDICTOR, make_predictor
 from predictors.base import PredictorOptions
 from predictors.gpu_cost import describe_cost
+from routers import DEFAULT_ROUTER, MAX_REPLICAS, ROUTERS, make_router
 from simulator.capacity import measure_capacity
 from simulator.compiled import DEFAULT_KERNEL, KERNELS, CompiledRun, note_fallback, unsupported
 from simulator.engine import EngineConfig, RunResult, Simulation
+from simulator.fleet import FleetSimulation
 from simulator.metrics import summarize
 from simulator.preset import recorded_engine_config, recorded_window
 from simulator.profiles import DEFAULT_PROFILE, make_profile
@@ -27,7 +29,7 @@ from simulator.workload import ArrivalSpec, make_arrivals
 
 #: Largest seed: results tables store it as a Parquet int64.
 MAX_SEED = 2**63 - 1
-_CODE_PACKAGES = ("core", "policies", "predictors", "simulator")
+_CODE_PACKAGES = ("core", "policies", "predictors", "routers", "simulator")
 
 
 @lru_cache(maxsize=1)
@@ -74,8 +76,12 @@ class RunConfig:
     # the engine's implementation (the compiled step, or the reference SimPy loop that defines it, which
     # a configuration the kernel does not cover falls back to); outputs are identical (not recorded)
     kernel: str = DEFAULT_KERNEL
+    # a fleet (docs/semantics.md "Fleets"): this many replicas of the engine behind this router
+    replicas: int = 1
+    router: str = DEFAULT_ROUTER
 
     def __post_init__(self) -> None:
+        check_fleet(self.replicas, self.router, self.predictor, self.arrivals)
         if self.kernel not in KERNELS:
             raise ValueError(f"unknown kernel {self.kernel!r} (known: {', '.join(KERNELS)})")
         if self.arrivals.as_recorded:
@@ -116,6 +122,8 @@ class RunConfig:
         d["arrivals"] = self.arrivals.describe()
         d["trace"] = trace_reference(self.trace)        # no absolute paths in shared outputs
         d["predictor_options"]["train_trace"] = trace_reference(self.predictor_options.train_trace)
+        if self.replicas == 1:    # keep the config.json of single-engine runs as it was
+            del d["replicas"], d["router"]
         if self.tile is None:     # keep the config.json of untiled runs as it was
             del d["tile"]
         if self.preset is None:   # keep the config.json of runs without a preset as it was
@@ -148,7 +156,8 @@ def config_from_record(record: dict) -> RunConfig:
             load=record["load"], arrivals=ArrivalSpec.parse(record["arrivals"]), requests=record.get("requests"),
             seed=int(record["seed"]), tile=record.get("tile"), engine_config=EngineConfig(**engine), predictor_options=PredictorOptions(**options),
             charge_cost=bool(record.get("charge_cost", True)), preset=record.get("preset"),
-            engine_overrides=tuple(sorted((record.get("engine_overrides") or {}).items())))
+            engine_overrides=tuple(sorted((record.get("engine_overrides") or {}).items())),
+            replicas=int(record.get("replicas", 1)), router=record.get("router", DEFAULT_ROUTER))
     except KeyError as exc:
         raise ValueError(f"config.json has no {exc.args[0]!r}") from None
     except TypeError as exc:
@@ -160,6 +169,26 @@ def config_from_record(record: dict) -> RunConfig:
             raise ValueError(f"trace {config.trace!r} changed since the run (content hash {now[:12]}, "
                              f"recorded {recorded[:12]}): it cannot be rerun exactly")
     return config
+
+
+def check_fleet(replicas: int, router: str, predictor: str, arrivals: ArrivalSpec) -> None:
+    """A fleet's settings, before anything is loaded: replicas in range, a known router, a predictor
+    that can serve a router reading predicted work, arrivals a fleet can route."""
+    from predictors import PREDICTORS
+
+    if isinstance(replicas, bool) or not isinstance(replicas, (int, np.integer)) or not 1 <= replicas <= MAX_REPLICAS:
+        raise ValueError(f"--replicas must be an integer from 1 to {MAX_REPLICAS}, got {replicas!r}")
+    if router not in ROUTERS:
+        raise ValueError(f"unknown --router {router!r} (choose from {', '.join(ROUTERS)})")
+    if ROUTERS[router].reads == "predicted_work":
+        cls = PREDICTORS.get(predictor)
+        if cls is None or cls.router_estimate() is None:
+            able = ", ".join(n for n, c in PREDICTORS.items() if c.router_estimate() is not None)
+            raise ValueError(f"--router {router} reads predicted work: --predictor {predictor} cannot serve it "
+                             f"(choose from {able})")
+    if replicas > 1 and arrivals.kind == "closed":
+        raise ValueError("--replicas: a closed loop releases requests at completions of one engine; "
+                         "a fleet routes open arrivals (poisson, trace, FILE.csv, recorded, steps)")
 
 
 def check_kv_budget(workload: Trace, config: EngineConfig) -> None:
@@ -176,7 +205,7 @@ def check_kv_budget(workload: Trace, config: EngineConfig) -> None:
 #: What :func:`prepare` writes into a run's config.json beside the :class:`RunConfig` fields.
 RESOLVED_KEYS = ("trace_name", "trace_hash", "trace_path", "requests_used", "policy_settings", "engine_settings",
                  "capacity_req_s", "arrival_rate_req_s", "arrivals_hash", "code_hash", "predictor_settings",
-                 "predictor_cost", "engine_config_used", "closed_loop_window")
+                 "predictor_cost", "engine_config_used", "closed_loop_window", "router_settings")
 
 
 @dataclass
@@ -225,9 +254,12 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
     else:
         capacity = measure_capacity(mix if mix is not None else workload, profile, engine_config,
                                     run=lambda sim: run_simulation(sim, config.kernel))
+        capacity *= config.replicas   # N identical replicas: N x one engine's (docs/semantics.md "Fleets")
         assert config.load is not None   # RunConfig refuses a rate-driven run without a load
         rate = config.load * capacity
         arrival_s = make_arrivals(config.arrivals, workload, rate, config.seed)
+    if config.replicas > 1:
+        return _prepared_fleet(config, workload, trace, arrival_s, capacity, rate, engine_config, profile)
     # binds the predictor (trains or loads it), so a bad training trace fails before any output
     sim = Simulation(workload, arrival_s, policy=policy, predictor=predictor, profile=profile,
                      config=engine_config, seed=config.seed, charge_cost=config.charge_cost,
@@ -271,9 +303,48 @@ def run_simulation(sim: Simulation, kernel: str) -> RunResult:
     return sim.run()
 
 
+def _prepared_fleet(config: RunConfig, workload: Trace, trace: Trace, arrival_s: np.ndarray, capacity: float | None,
+                    rate: float | None, engine_config: EngineConfig, profile) -> Prepared:
+    """The fleet's :class:`Prepared` (the reference engine: the compiled kernel runs one engine)."""
+    if config.kernel == "compiled":
+        note_fallback(f"a fleet of {config.replicas} replicas runs on the reference engine")
+
+    def predictor_factory():
+        return None if config.predictor == NO_PREDICTOR else make_predictor(config.predictor, config.predictor_options)
+
+    router = make_router(config.router)
+    fleet = FleetSimulation(workload, arrival_s, replicas=config.replicas, router=router,
+                            make_policy=lambda: make_policy(config.policy), make_predictor=predictor_factory,
+                            profile=profile, config=engine_config, seed=config.seed, charge_cost=config.charge_cost,
+                            step_clock=config.arrivals.step_clock)
+    predictor = fleet.predictors[0] if fleet.predictors else None
+    resolved = {
+        **config.describe(),
+        "trace_name": trace.name,
+        "trace_hash": trace.content_hash,
+        "trace_path": trace_reference(trace.path) if trace.path else None,
+        "requests_used": len(workload),
+        "policy_settings": make_policy(config.policy).describe(),
+        "engine_settings": profile.describe(),
+        "capacity_req_s": capacity,
+        "arrival_rate_req_s": rate,
+        "arrivals_hash": hashlib.sha256(np.ascontiguousarray(arrival_s, dtype=np.float64).tobytes()).hexdigest(),
+        "code_hash": code_hash(),
+        "router_settings": router.describe(),
+    }
+    if predictor is not None:
+        resolved["predictor_settings"] = predictor.describe()
+        resolved["predictor_cost"] = describe_cost(predictor.cost(profile.hardware))
+    if config.preset is not None:
+        resolved["engine_config_used"] = asdict(engine_config)
+    return Prepared(config, workload, fleet, capacity, rate, resolved)  # type: ignore[arg-type]
+
+
 def execute(prepared: Prepared) -> tuple[dict, RunResult]:
     """Run a prepared simulation and summarise it."""
-    result = run_simulation(prepared.simulation, prepared.config.kernel)
+    sim = prepared.simulation
+    # a fleet runs on the reference engine (its note was given when it was prepared)
+    result = sim.run() if isinstance(sim, FleetSimulation) else run_simulation(sim, prepared.config.kernel)
     cfg = prepared.config
     summary = summarize(
         result,

@@ -59,7 +59,7 @@ TOY_FILES = {
             output = "length"
             stage = "arrival"
             static_estimates = True
-            compiled = scores_at_arrival = True
+            compiled = scores_at_arrival = serves_router = True
 
             def bind(self, workload, rng):
                 super().bind(workload, rng)
@@ -137,7 +137,7 @@ def test_the_recipes_count_and_name_files_that_exist():
              "LIVE_POLICIES": "live/config.py", "compiled_form": "policies/base.py",
              "static_estimates": "predictors/base.py", "learned": "predictors/base.py",
              "def unsupported": "simulator/compiled.py", "why_not": "policies/base.py",
-             "scores_at_arrival": "predictors/base.py", "learns_online": "predictors/base.py",
+             "scores_at_arrival": "predictors/base.py", "serves_router": "predictors/base.py", "learns_online": "predictors/base.py",
              "observes_prefill": "predictors/base.py"}
     for symbol, path in named.items():
         assert symbol.removeprefix("def ") in DOC.read_text(), symbol

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: From the ground up. A new top-level package must be given a floor here.
 FLOORS: list[list[str]] = [
     ["core"],                                   # trace contract, io, metrics, read-out, hardware, arrivals
-    ["policies", "predictors", "capture"],      # pluggable schedulers, length predictors, the recorder
+    ["policies", "predictors", "capture", "routers"],  # schedulers, length predictors, the recorder, fleet routers
     ["simulator", "live"],                      # the simulated engine; the vLLM scheduler beside it, never
                                                 # importing it (both stand on policies, predictors, capture)
     ["experiments"],                            # command lines, sweeps, report, plots, golden, validation

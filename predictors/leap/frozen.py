@@ -23,7 +23,7 @@ class Leap(Predictor):
 
     name = "leap"
     stage = "prefill"
-    compiled, scores_at_arrival = True, False
+    compiled, scores_at_arrival, serves_router = True, False, True
     why_not = {"scores_at_arrival": "it reads the serving model's hidden state, which exists only once prefill "
                                     "reaches the tapped layer"}
     learned = True

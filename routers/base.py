@@ -1,0 +1,51 @@
+"""The router interface: which replica of a fleet an arriving request goes to.
+
+A router is asked once per request, at its arrival (docs/semantics.md "Fleets"), with a
+:class:`FleetView` of the replicas at that instant. It declares what it reads (``reads``), so the
+fleet computes only that, and a router that reads predicted work needs a predictor able to serve
+it (``Predictor.router_estimate()``). Ties go to the lowest replica index (``np.argmin``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import numpy as np
+
+#: What a router reads of the fleet: nothing, requests outstanding, predicted work, true work.
+Reads = Literal["nothing", "outstanding", "predicted_work", "true_work"]
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """The replicas at a request's arrival; fields a router does not read are None."""
+
+    replicas: int
+    outstanding: np.ndarray | None = None     # per replica: routed, not finished (waiting + running)
+    work: np.ndarray | None = None            # per replica: predicted outstanding output tokens
+    true_work: np.ndarray | None = None       # per replica: true outstanding output tokens (oracle)
+
+
+class Router(ABC):
+    """One routing rule. One file each, registered by CLI name in ``routers/__init__.py``."""
+
+    name: ClassVar[str]
+    reads: ClassVar[Reads] = "nothing"
+
+    def reset(self, replicas: int, seed: int) -> None:
+        """Called once before a run routes its first request (state, RNG)."""
+        self.replicas = replicas
+
+    @abstractmethod
+    def choose(self, row: int, view: FleetView) -> int:
+        """The replica (0 .. replicas - 1) for the request of row ``row`` (rows in arrival order)."""
+
+    def describe(self) -> dict:
+        return {"name": self.name, "reads": self.reads}
+
+
+def lowest(values: np.ndarray) -> int:
+    """The index of the smallest value, the lowest index among equals (the fleet's tie order)."""
+    return int(np.argmin(values))

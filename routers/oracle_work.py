@@ -1,0 +1,15 @@
+"""oracle-work: the replica with the fewest true outstanding output tokens (an upper bound for
+least-work: it reads the true lengths); ties to the lowest index."""
+
+from __future__ import annotations
+
+from routers.base import FleetView, Router, lowest
+
+
+class OracleWork(Router):
+    name = "oracle-work"
+    reads = "true_work"
+
+    def choose(self, row: int, view: FleetView) -> int:
+        assert view.true_work is not None
+        return lowest(view.true_work)

@@ -1,0 +1,285 @@
+"""A fleet: N whole engines (replicas) behind a router, under one SimPy clock.
+
+Each replica is the single engine's parts (:class:`simulator.stepping.EngineParts`: its own request
+table, scheduler, policy instance and prediction driver with its own predictor state) stepping in
+its own SimPy process; the fleet only routes. A request is routed once, at its arrival, after every
+step that ends at that instant has landed (docs/semantics.md "Fleets"). A replica's table is sized
+for the whole workload and filled as requests are routed to it: its local rows are its requests in
+arrival order, so its scheduler sees exactly what a single engine of those requests would.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from core.trace import Trace
+from policies.base import Policy, SchedulerView
+from predictors.base import Known, Predictor
+from routers.base import FleetView, Router
+from simulator.config import EngineConfig
+from simulator.engine import RunResult, check_step_clock
+from simulator.fleet_rows import ReplicaRows
+from simulator.prediction import NoPrediction, PredictionDriver
+from simulator.profiles.base import EngineProfile
+from simulator.requests import RequestTable
+from simulator.scheduler import Batch, Scheduler
+from simulator.stepping import EngineParts
+
+
+@dataclass
+class Replica:
+    """One engine of the fleet and the fleet's bookkeeping of it."""
+
+    index: int
+    parts: EngineParts
+    rows: np.ndarray                       # global row of each local row (filled as requests are routed)
+    routed: int = 0                        # local rows [0, routed) are routed here
+    lo: int = 0                            # local rows below it are all finished
+    step: int = 0
+    pending: tuple[Batch, int, float, float, float] | None = None   # (batch, step, start, duration, end)
+    driver: NoPrediction = field(default_factory=NoPrediction)
+
+    def unfinished(self) -> np.ndarray:
+        """Local rows routed here and not finished (waiting, prefilling or decoding)."""
+        t = self.parts.table
+        while self.lo < self.routed and not np.isnan(t.finish_s[self.lo]):
+            self.lo += 1
+        rows = np.arange(self.lo, self.routed)
+        return rows[np.isnan(t.finish_s[rows])]
+
+
+@dataclass
+class FleetBalance:
+    """Outstanding true work per replica, sampled at every routing: max / mean, averaged."""
+
+    ratio_sum: float = 0.0
+    samples: int = 0
+
+    def add(self, work: np.ndarray) -> None:
+        mean = float(work.mean())
+        if mean > 0:
+            self.ratio_sum += float(work.max()) / mean
+            self.samples += 1
+
+    @property
+    def max_over_mean(self) -> float | None:
+        return self.ratio_sum / self.samples if self.samples else None
+
+
+class FleetSimulation:
+    """One fleet run: a workload with arrival times, N replicas of one engine, one router.
+
+    ``make_policy`` / ``make_predictor`` build one instance per replica (each replica keeps its own
+    policy and predictor state); ``make_predictor`` returns None for runs without a predictor.
+    Same inputs and seed -> identical output."""
+
+    def __init__(self, workload: Trace, arrival_s: np.ndarray, *, replicas: int, router: Router,
+                 make_policy: Callable[[], Policy], make_predictor: Callable[[], Predictor | None],
+                 profile: EngineProfile, config: EngineConfig, seed: int = 0, charge_cost: bool = True,
+                 step_clock: bool = False):
+        arrival_s = np.asarray(arrival_s, dtype=np.float64)
+        if arrival_s.shape != (len(workload),):
+            raise ValueError(f"need one arrival time per request ({len(workload)}), got {arrival_s.shape}")
+        if not np.isfinite(arrival_s).all() or (arrival_s < 0).any():
+            raise ValueError("arrival times must be finite and >= 0")
+        if replicas < 1:
+            raise ValueError(f"--replicas must be >= 1, got {replicas}")
+        if step_clock:
+            check_step_clock(arrival_s, profile, charge_cost)
+        order = np.argsort(arrival_s, kind="stable")   # ties keep row (submission) order
+        self.workload = workload.take(order) if not np.array_equal(order, np.arange(len(order))) else workload
+        self.arrival = arrival_s[order]
+        self.n, self.replicas, self.router = len(self.workload), replicas, router
+        self.profile, self.config, self.seed = profile, config, seed
+        self.charge_cost, self.step_clock = charge_cost, step_clock
+        self.make_policy = make_policy
+        self.prompt = self.workload.prompt_tokens.astype(np.int64)
+        self.length = self.workload.output_tokens.astype(np.int64)
+        self.predictors = self._bind_predictors(make_predictor)
+        first = self.predictors[0] if self.predictors else None
+        if router.reads == "predicted_work" and (first is None or first.router_estimate() is None):
+            raise ValueError(f"--router {router.name} needs a predictor that can serve the router "
+                             f"(--predictor {first.name if first is not None else 'none'} cannot)")
+        self._ran = False
+
+    def _bind_predictors(self, make_predictor: Callable[[], Predictor | None]) -> list[Predictor]:
+        """One bound predictor per replica, or one shared by all when its estimates are fixed once
+        bound (no state to keep apart); empty without a predictor."""
+        first = make_predictor()
+        if first is None:
+            return []
+        rng_seed = self.seed
+        bound = [first]
+        if not first.static_estimates:
+            bound += [p for p in (make_predictor() for _ in range(self.replicas - 1)) if p is not None]
+        for predictor in bound:
+            shown = self.workload if predictor.sees_true_lengths else self.workload.without_lengths()
+            predictor.bind(shown, np.random.default_rng(rng_seed))
+        return bound * self.replicas if len(bound) == 1 else bound
+
+    def _replica(self, index: int, env: simpy.Environment) -> Replica:
+        n = self.n
+        table = RequestTable(self.workload, np.full(n, np.inf), None)
+        rows = np.full(n, -1, dtype=np.int64)
+        policy = self.make_policy()
+        if self.predictors:
+            predictor = ReplicaRows(self.predictors[index], rows)
+            cost = self.predictors[index].cost(self.profile.hardware)
+            driver: NoPrediction = PredictionDriver(predictor, cost, table, charge_cost=self.charge_cost,  # type: ignore[arg-type]
+                                                    publish_at_once=self.step_clock)
+        else:
+            driver = NoPrediction()
+        view = SchedulerView(now=0.0, arrival_s=table.arrival, predicted=table.predicted,
+                             generated=table.generated, output_kind=driver.output_kind, step=0,
+                             last_served=table.last_served, first_predicted=table.first_predicted)
+        policy.reset(n)
+        scheduler = Scheduler(policy, self.config, table, view, driver.scores_at_arrival and policy.uses_predictions)
+        driver.start(env)
+        parts = EngineParts(table, scheduler, driver, self.profile, self.config, self.step_clock)
+        return Replica(index, parts, rows, driver=driver)
+
+    def run(self) -> RunResult:
+        if self._ran:
+            raise RuntimeError("a FleetSimulation runs once (its predictors' online state is spent); build a new one")
+        self._ran = True
+        env = simpy.Environment()
+        self.env = env
+        self.fleet = [self._replica(i, env) for i in range(self.replicas)]
+        self.next_row = 0
+        self.assigned = np.full(self.n, -1, dtype=np.int64)
+        self.route_estimate = np.zeros(self.n, dtype=np.float64)
+        self.balance = FleetBalance()
+        self.router.reset(self.replicas, self.seed)
+        for replica in self.fleet:
+            env.process(self._replica_loop(env, replica))
+        if self.replicas > 1:   # with one replica the choice cannot depend on the instant it is made
+            env.process(self._router_loop(env))
+        started = time.process_time()
+        env.run()
+        sim_cpu_s = time.process_time() - started
+        done = sum(r.parts.table.finished for r in self.fleet)
+        if done != self.n or self.next_row != self.n:
+            raise RuntimeError(f"fleet simulation ended with {self.n - done} unfinished requests")
+        return self._result(sim_cpu_s)
+
+    # --- the clock -------------------------------------------------------------------------------
+    def _sync(self, now: float) -> None:
+        """Land every step ending at ``now`` (replica order), then route every arrival up to ``now``."""
+        for replica in self.fleet:
+            if replica.pending is not None and replica.pending[4] == now:
+                batch, step, start, duration, end = replica.pending
+                replica.pending = None
+                replica.parts.end(batch, step, start, duration, end)
+                replica.step += 1
+        while self.next_row < self.n and self.arrival[self.next_row] <= now:
+            self._route(self.next_row)
+            self.next_row += 1
+
+    def _replica_loop(self, env: simpy.Environment, replica: Replica):
+        table, scheduler, parts = replica.parts.table, replica.parts.scheduler, replica.parts
+        while True:
+            now = env.now
+            self._sync(now)
+            arrived = table.arrived_by(now)
+            if scheduler.idle(arrived):
+                if self.next_row >= self.n:
+                    return   # idle with nothing left to route: this replica is done
+                yield env.timeout(self.arrival[self.next_row] - now)   # wake at the fleet's next arrival
+                continue
+            batch, duration = parts.begin(now, arrived, replica.step)
+            replica.pending = (batch, replica.step, now, duration, now + duration)
+            yield env.timeout(duration)
+
+    def _router_loop(self, env: simpy.Environment):
+        """Wakes at every arrival, so that a request is routed at its own instant even when every
+        replica is in the middle of a step."""
+        while self.next_row < self.n:
+            wait = self.arrival[self.next_row] - env.now
+            if wait > 0:
+                yield env.timeout(wait)
+            self._sync(env.now)
+
+    # --- routing ---------------------------------------------------------------------------------
+    def _route(self, row: int) -> None:
+        reads = self.router.reads
+        if reads == "predicted_work":
+            self.route_estimate[row] = self._routing_estimate(row)
+        view = FleetView(
+            replicas=self.replicas,
+            outstanding=np.array([r.routed - r.parts.table.finished for r in self.fleet], dtype=np.int64)
+            if reads == "outstanding" else None,
+            work=self._work(predicted=True) if reads == "predicted_work" else None,
+            true_work=self._work(predicted=False) if reads == "true_work" else None)
+        index = self.router.choose(row, view)
+        if not 0 <= index < self.replicas:
+            raise RuntimeError(f"router {self.router.name!r} chose replica {index} of {self.replicas}")
+        replica = self.fleet[index]
+        table, k = replica.parts.table, replica.routed
+        replica.rows[k] = row
+        table.arrival[k] = self.arrival[row]
+        table.prompt[k] = self.prompt[row]
+        table.prompt_sq[k] = self.prompt[row] * self.prompt[row]
+        table.length[k] = self.length[row]
+        replica.routed += 1
+        self.assigned[row] = index
+        self.balance.add(self._work(predicted=False))
+
+    def _routing_estimate(self, row: int) -> float:
+        """The prompt-only estimate the router reads until the replica's own estimate exists."""
+        predictor = self.predictors[0]
+        if predictor.router_estimate() == "prompt":
+            finished = sum(r.parts.table.finished for r in self.fleet)
+            return float(predictor.predict(np.array([row]), Known(arrived=row + 1, finished=finished))[0])
+        return float(predictor.prior_length)
+
+    def _work(self, predicted: bool) -> np.ndarray:
+        """Outstanding output tokens per replica: each unfinished request's estimate (or true length)
+        less its generated tokens, at least 1 (it has a token to go)."""
+        work = np.zeros(self.replicas, dtype=np.float64)
+        for replica in self.fleet:
+            t, rows = replica.parts.table, replica.unfinished()
+            if not len(rows):
+                continue
+            if predicted:
+                own = ~np.isnan(t.ready_s[rows])
+                estimate = np.where(own, t.predicted[rows], self.route_estimate[replica.rows[rows]])
+            else:
+                estimate = t.length[rows].astype(np.float64)
+            work[replica.index] = float(np.maximum(estimate - t.generated[rows], 1.0).sum())
+        return work
+
+    # --- the result ------------------------------------------------------------------------------
+    def _result(self, sim_cpu_s: float) -> RunResult:
+        n = self.n
+        out = {name: np.full(n, np.nan) for name in ("admit_s", "first_token_s", "finish_s", "first_predicted",
+                                                     "ready_s")}
+        steps = {name: np.full(n, -1, dtype=np.int64) for name in ("admit_step", "first_token_step", "finish_step",
+                                                                   "forced_steps")}
+        for replica in self.fleet:
+            t, k = replica.parts.table, replica.routed
+            rows = replica.rows[:k]
+            for name, arr in out.items():
+                arr[rows] = getattr(t, name)[:k]
+            for name, arr in steps.items():
+                arr[rows] = getattr(t, name)[:k]
+        drivers = [r.driver for r in self.fleet]
+        decodes = sum(getattr(d, "in_use_decodes", 0) for d in drivers)
+        error = sum(getattr(d, "in_use_abs_error", 0.0) for d in drivers)
+        return RunResult(
+            workload=self.workload, rows_request_id=self.workload.request_id, arrival_s=self.arrival,
+            admit_s=out["admit_s"], first_token_s=out["first_token_s"], finish_s=out["finish_s"],
+            admit_step=steps["admit_step"], first_token_step=steps["first_token_step"],
+            finish_step=steps["finish_step"], prompt_tokens=self.prompt, output_tokens=self.length,
+            predicted_tokens=out["first_predicted"], predicted_ready_s=out["ready_s"],
+            forced_steps=steps["forced_steps"], steps=sum(r.step for r in self.fleet),
+            gpu_s_charged=sum(d.gpu_s for d in drivers), predictor_cpu_s=sum(d.cpu_s for d in drivers),
+            updates_published=sum(d.updates for d in drivers), sim_cpu_s=sim_cpu_s,
+            output_kind=drivers[0].output_kind, mae_in_use=error / decodes if decodes else None,
+            contended_steps=sum(r.parts.scheduler.contended for r in self.fleet),
+            replica=self.assigned.copy(), replicas=self.replicas,
+            balance_max_over_mean=self.balance.max_over_mean)

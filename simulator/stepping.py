@@ -1,0 +1,53 @@
+"""One engine step's two halves, shared by the single engine's loop and every replica of a fleet.
+
+A step is composed at its start (:meth:`EngineParts.begin`: arrival scores, the scheduler's batch,
+its duration) and lands at its end (:meth:`EngineParts.end`: tokens, estimates, completions,
+feedback). The SimPy process in between only waits; keeping the halves here means the single
+engine (``simulator/engine.py``) and a fleet's replicas (``simulator/fleet.py``) run the same step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.config import EngineConfig
+from simulator.prediction import NoPrediction
+from simulator.profiles.base import EngineProfile
+from simulator.requests import RequestTable, clock_step
+from simulator.scheduler import Batch, Scheduler
+
+
+@dataclass
+class EngineParts:
+    """The parts of one engine over one request table (the step loop only orchestrates them)."""
+
+    table: RequestTable
+    scheduler: Scheduler
+    driver: NoPrediction
+    profile: EngineProfile
+    config: EngineConfig
+    step_clock: bool
+    log: object | None = None   # a simulator.engine.StepLog when steps are recorded
+
+    def begin(self, now: float, arrived: int, step: int) -> tuple[Batch, float]:
+        """Compose the step starting at ``now`` with rows [0, arrived) arrived; returns it and its duration."""
+        driver = self.driver
+        driver.score_arrivals(arrived, now)
+        batch = self.scheduler.compose(arrived, step, now)
+        driver.note_decodes(batch.chosen)
+        duration = self.profile.step_time(batch.prefill_tokens, batch.prefill_sq, len(batch.chosen), batch.context)
+        duration += driver.step_charge(len(batch.admit), batch.prefill_tokens)
+        if self.log is not None:
+            self.log.record(now, duration, batch, arrived, self.config.max_resident)  # type: ignore[attr-defined]
+        return batch, duration
+
+    def end(self, batch: Batch, step: int, start: float, duration: float, end: float) -> None:
+        """Land the step that ran from ``start`` (for ``duration``) to ``end``: tokens, estimates, completions, feedback."""
+        table, driver = self.table, self.driver
+        done = table.land(step, clock_step(step, start, self.step_clock), start, end, batch.chosen,
+                          batch.n_forced, batch.admit, batch.first, batch.prefill_tokens)
+        driver.after_step(batch.first, batch.chosen, start, duration)
+        table.retire(done, batch.first, end, self.scheduler.ordered_admission)
+        if self.log is not None:
+            self.log.finished.append(table.finished)  # type: ignore[attr-defined]
+        driver.feedback(done)
