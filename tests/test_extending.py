@@ -200,6 +200,7 @@ def test_the_toy_policy_serves_by_priority_class_on_both_kernels_alike(monkeypat
     from simulator.compiled import unsupported
     from simulator.engine import EngineConfig, Simulation
     from simulator.profiles.unit import UnitProfile
+    from simulator.runner import run_simulation
 
     pytest.importorskip("numba")
     monkeypatch.syspath_prepend(str(toy_site))
@@ -215,9 +216,9 @@ def test_the_toy_policy_serves_by_priority_class_on_both_kernels_alike(monkeypat
     for kernel in ("reference", "compiled"):
         oracle = make_predictor("oracle")
         sim = Simulation(trace, np.zeros(n), policy=ToyPriority(), predictor=oracle, profile=UnitProfile(),
-                         config=EngineConfig(max_resident=n, decode_slots=4, wait_cap=0), kernel=kernel)
+                         config=EngineConfig(max_resident=n, decode_slots=4, wait_cap=0))
         assert unsupported(sim) is None
-        runs[kernel] = sim.run()
+        runs[kernel] = run_simulation(sim, kernel)
     ref, comp = runs["reference"], runs["compiled"]
     assert ref.finish_s.tobytes() == comp.finish_s.tobytes()
     urgent, other = ref.finish_s[priority == 0], ref.finish_s[priority == 1]

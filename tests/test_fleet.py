@@ -35,7 +35,7 @@ def _sharegpt(n: int = 240, rate: float = 40.0, seed: int = 0):
 def _single(workload, arrival, profile, policy, predictor, config=SMALL, seed=0):
     pred = make_predictor(predictor) if predictor != "none" else None
     return Simulation(workload, arrival, policy=make_policy(policy), predictor=pred, profile=profile,
-                      config=config, seed=seed, kernel="reference").run()
+                      config=config, seed=seed).run()
 
 
 def _fleet(workload, arrival, profile, policy, predictor, replicas, router, config=SMALL, seed=0):
