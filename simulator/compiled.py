@@ -87,6 +87,8 @@ def unsupported(sim) -> str | None:
     predictor and profile declare (``compiled_form``, ``static_estimates``, ``compiled_coefficients``)."""
     if load_kernel() is None:
         return "numba is not installed (or does not load)"
+    if sim.config.kv_bounded:
+        return "KV blocks (--kv-blocks) are not compiled yet"
     form = sim.policy.compiled_form()
     if form is None:
         from policies import POLICIES

@@ -55,7 +55,8 @@ class StepLog:
     capacity_left: list = field(default_factory=list) # free resident places after admission
 
     def record(self, start: float, duration: float, batch, arrived: int, max_resident: int) -> None:
-        holding = batch.ready + len(batch.admit) + (batch.carried >= 0)   # a carried chunk holds a place
+        # a carried chunk holds a place; preempted rows leave, readmitted ones hold one again
+        holding = batch.ready + len(batch.admit) + (batch.carried >= 0) + len(batch.readmit) - len(batch.preempted)
         self.start_s.append(start)
         self.duration_s.append(duration)
         self.admitted.append(len(batch.admit))
@@ -98,6 +99,7 @@ class RunResult:
     output_kind: str = "length"       # the predictor's output: "length", or "rank" (no MAE)
     mae_in_use: float | None = None   # |estimate - true length| per decoded token, refreshes included
     contended_steps: int = 0          # steps in which the policy's order decided something (see _step_loop)
+    preemptions: np.ndarray | None = None   # per row, times preempted (KV blocks; None: unbounded KV)
 
     @property
     def makespan_s(self) -> float:
@@ -115,6 +117,24 @@ def check_step_clock(arrival_s: np.ndarray, profile: EngineProfile, charge_cost:
         raise ValueError("the step clock charges no predictor cost (a step lasts 1.0 whatever it holds)")
     if len(arrival_s) and not (np.floor(arrival_s) == arrival_s).all():
         raise ValueError("the step clock needs integer arrival steps")
+
+
+def check_kv_blocks(workload: Trace, config: EngineConfig) -> None:
+    """Every request must fit the KV cache alone (its prompt and all but its last output token),
+    or it could never finish (docs/semantics.md "KV blocks")."""
+    if not config.kv_bounded or not len(workload):
+        return
+    if not isinstance(config.kv_blocks, (int, np.integer)) or isinstance(config.kv_blocks, bool):
+        raise ValueError(f"kv-blocks {config.kv_blocks!r} must be resolved to a number of blocks before a run")
+    size = config.kv_block_size
+    prompt = workload.prompt_tokens.astype(np.int64)
+    tokens = prompt + np.maximum(workload.output_tokens.astype(np.int64) - 1, 0)
+    for what, need in (("prompt", -(-prompt // size)), ("prompt and output", -(-tokens // size))):
+        row = int(np.argmax(need))
+        if need[row] > config.kv_blocks:
+            raise ValueError(f"--kv-blocks {config.kv_blocks} (x --block-size {size} tokens) cannot hold request "
+                             f"{workload.request_id[row]} (row {row}) of trace {workload.name!r}: its {what} "
+                             f"({int(tokens[row] if what != 'prompt' else prompt[row])} tokens) need {int(need[row])} blocks")
 
 
 class Simulation:
@@ -139,6 +159,7 @@ class Simulation:
             raise ValueError("arrival times must be finite and >= 0")
         if step_clock:
             check_step_clock(arrival_s, profile, charge_cost)
+        check_kv_blocks(workload, config)
         if policy.uses_predictions and predictor is None:
             raise ValueError(f"policy {policy.name!r} needs a predictor")
         if closed_loop is not None and (not isinstance(closed_loop, (int, np.integer)) or closed_loop < 1):
@@ -222,7 +243,8 @@ class Simulation:
             predictor_cpu_s=driver.cpu_s, updates_published=driver.updates, sim_cpu_s=sim_cpu_s,
             step_log=log, output_kind=driver.output_kind,
             mae_in_use=driver.mae_in_use if compiled is None else compiled.mae_in_use,
-            contended_steps=scheduler.contended if compiled is None else compiled.contended)
+            contended_steps=scheduler.contended if compiled is None else compiled.contended,
+            preemptions=table.preemptions if self.config.kv_bounded else None)
 
     def _step_loop(self, env: simpy.Environment, table: RequestTable, scheduler: Scheduler,
                    driver: NoPrediction, log: StepLog | None, state: dict):
@@ -244,9 +266,13 @@ class Simulation:
                 log.record(now, duration, batch, arrived, cfg.max_resident)
             yield env.timeout(duration)
             done = table.land(step, clock_step(step, now, self.step_clock), now, env.now, batch.chosen,
-                              batch.n_forced, batch.admit, batch.first, batch.prefill_tokens)
+                              batch.n_forced, batch.admit, batch.first, batch.prefill_tokens, batch.resumed)
             driver.after_step(batch.first, batch.chosen, now, duration)
-            table.retire(done, batch.first, env.now, scheduler.ordered_admission)
+            joined = batch.first
+            if scheduler.kv is not None:   # re-prefills rejoin the residents, finished rows free their blocks
+                scheduler.kv.release(done)
+                joined = np.concatenate([batch.resumed, batch.first])
+            table.retire(done, joined, env.now, scheduler.ordered_admission)
             if log is not None:
                 log.finished.append(table.finished)
             driver.feedback(done)

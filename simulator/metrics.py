@@ -40,8 +40,9 @@ def _mean(values: np.ndarray) -> float | None:
 
 
 def requests_table(result: RunResult) -> pa.Table:
-    """Per-request outcomes in row order ((arrival, id) order): deterministic bytes for one seed."""
-    return pa.table({
+    """Per-request outcomes in row order ((arrival, id) order): deterministic bytes for one seed;
+    with KV blocks (``--kv-blocks``) also each request's ``preemptions``."""
+    table = pa.table({
         "request_id": pa.array(result.rows_request_id.astype(str).tolist(), pa.string()),
         "arrival_s": pa.array(result.arrival_s, pa.float64()),
         "admit_s": pa.array(result.admit_s, pa.float64()),
@@ -55,6 +56,9 @@ def requests_table(result: RunResult) -> pa.Table:
         "predicted_tokens": pa.array(result.predicted_tokens, pa.float64(), from_pandas=True),
         "forced_steps": pa.array(result.forced_steps, pa.int32()),
     })
+    if result.preemptions is not None:
+        table = table.append_column("preemptions", pa.array(result.preemptions, pa.int32()))
+    return table
 
 
 def prediction_quality(predicted: np.ndarray, true: np.ndarray, output_kind: str = "length") -> dict:
@@ -130,4 +134,7 @@ def summarize(result: RunResult, **context) -> dict:
         "mae_in_use": _num(result.mae_in_use) if result.mae_in_use is not None else None,
         "sim_cpu_s": _num(result.sim_cpu_s),
     }
+    if result.preemptions is not None:   # KV blocks: preemptions in all, and requests preempted at least once
+        summary["preemptions"] = int(result.preemptions.sum())
+        summary["requests_preempted"] = int((result.preemptions > 0).sum())
     return {**context, **summary}
