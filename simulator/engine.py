@@ -134,7 +134,7 @@ def check_kv_blocks(workload: Trace, config: EngineConfig) -> None:
         if need[row] > config.kv_blocks:
             raise ValueError(f"--kv-blocks {config.kv_blocks} (x --block-size {size} tokens) cannot hold request "
                              f"{workload.request_id[row]} (row {row}) of trace {workload.name!r}: its {what} "
-                             f"({int(tokens[row] if what != 'prompt' else prompt[row])} tokens) need {int(need[row])} blocks")
+                             f"({int(tokens[row] if what != 'prompt' else prompt[row])} tokens) needs {int(need[row])} blocks")
 
 
 class Simulation:
@@ -268,11 +268,11 @@ class Simulation:
             done = table.land(step, clock_step(step, now, self.step_clock), now, env.now, batch.chosen,
                               batch.n_forced, batch.admit, batch.first, batch.prefill_tokens, batch.resumed)
             driver.after_step(batch.first, batch.chosen, now, duration)
-            joined = batch.first
-            if scheduler.kv is not None:   # re-prefills rejoin the residents, finished rows free their blocks
+            joined, row_order = batch.first, scheduler.ordered_admission
+            if scheduler.kv is not None:   # re-prefills rejoin the residents (in row order), finished rows free their blocks
                 scheduler.kv.release(done)
-                joined = np.concatenate([batch.resumed, batch.first])
-            table.retire(done, joined, env.now, scheduler.ordered_admission)
+                joined, row_order = np.concatenate([batch.resumed, batch.first]), True
+            table.retire(done, joined, env.now, row_order)
             if log is not None:
                 log.finished.append(table.finished)
             driver.feedback(done)
