@@ -220,3 +220,42 @@ def test_a_cache_smaller_than_a_prompt_is_refused_before_any_work(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--kv-blocks 2" in err[0] and f"(row {longest})" in err[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("flags", "names"), [
+    (["--kv-blocks", "0"], "--kv-blocks"),
+    (["--kv-blocks", "lots"], "--kv-blocks"),
+    (["--block-size", "0"], "--block-size"),
+    (["--kv-blocks", "5000", "--kv-budget", "100000"], "kv-blocks and kv-budget"),
+])
+def test_bad_kv_flags_are_one_line_exit_2(tmp_path, capsys, flags, names):
+    out = tmp_path / "o"
+    assert main(["--trace", "sharegpt", "--requests", "20", "--predictor", "none", *flags, "--quiet",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and names in err[0] and "Traceback" not in err[0]
+    assert not out.exists()
+
+
+def test_profile_blocks_come_from_the_gpu_memory():
+    """qwen3-8b on an H100 (80 GiB): 0.9 of it less 16.4 GB of weights, at 147,456 bytes per token
+    (36 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes), in blocks of 16 tokens."""
+    from core.hardware import H100, QWEN3_8B, Hardware, kv_blocks_in_memory
+    weights = (QWEN3_8B.body_params + 2 * QWEN3_8B.head_params) * 2
+    assert QWEN3_8B.kv_bytes_per_token == 147_456
+    assert kv_blocks_in_memory(Hardware(QWEN3_8B, H100), 16) == (int(0.9 * 80 * 2**30) - weights) // (147_456 * 16)
+    assert kv_blocks_in_memory(Hardware(QWEN3_8B, H100), 16) == 25_824
+
+
+def test_kv_blocks_profile_on_the_command_line(tmp_path, capsys):
+    """``--kv-blocks profile`` resolves to the profile's blocks (the unit profile charges the default
+    hardware), records them in config.json, and such a roomy cache preempts nothing."""
+    out = tmp_path / "o"
+    assert main(["--trace", str(EXAMPLE), "--engine", "unit", "--arrivals", "recorded", "--kv-blocks", "profile",
+                 "--decode-slots", "2", "--wait-cap", "0", "--predictor", "none", "--quiet", "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["engine_config"]["kv_blocks"] == "profile" and config["kv_blocks_used"] == 25_824
+    assert pq.read_table(out / "requests.parquet").column("finish_s").to_pylist() == [8.0, 6.0]
+    again = tmp_path / "again"
+    assert main(["--config", str(out / "config.json"), "--quiet", "--out", str(again)]) == 0   # reruns as it was
+    assert (again / "requests.parquet").read_bytes() == (out / "requests.parquet").read_bytes()
