@@ -77,6 +77,13 @@ class EngineConfig:
             raise ValueError("kv-blocks and kv-budget are two models of one KV cache: give one of them")
 
     @property
+    def kv_blocks_total(self) -> int:
+        """The KV cache's blocks, once ``profile`` is resolved (``simulator.runner.resolve_kv_blocks``)."""
+        if not isinstance(self.kv_blocks, (int, np.integer)) or isinstance(self.kv_blocks, bool):
+            raise ValueError(f"kv-blocks {self.kv_blocks!r} must be resolved to a number of blocks before a run")
+        return int(self.kv_blocks)
+
+    @property
     def kv_bounded(self) -> bool:
         """Whether the block-granular KV model (admission by blocks, preemption) is on."""
         return self.kv_blocks is not None

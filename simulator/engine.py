@@ -124,15 +124,13 @@ def check_kv_blocks(workload: Trace, config: EngineConfig) -> None:
     or it could never finish (docs/semantics.md "KV blocks")."""
     if not config.kv_bounded or not len(workload):
         return
-    if not isinstance(config.kv_blocks, (int, np.integer)) or isinstance(config.kv_blocks, bool):
-        raise ValueError(f"kv-blocks {config.kv_blocks!r} must be resolved to a number of blocks before a run")
-    size = config.kv_block_size
+    total, size = config.kv_blocks_total, config.kv_block_size
     prompt = workload.prompt_tokens.astype(np.int64)
     tokens = prompt + np.maximum(workload.output_tokens.astype(np.int64) - 1, 0)
     for what, need in (("prompt", -(-prompt // size)), ("prompt and output", -(-tokens // size))):
         row = int(np.argmax(need))
-        if need[row] > config.kv_blocks:
-            raise ValueError(f"--kv-blocks {config.kv_blocks} (x --block-size {size} tokens) cannot hold request "
+        if need[row] > total:
+            raise ValueError(f"--kv-blocks {total} (x --block-size {size} tokens) cannot hold request "
                              f"{workload.request_id[row]} (row {row}) of trace {workload.name!r}: its {what} "
                              f"({int(tokens[row] if what != 'prompt' else prompt[row])} tokens) needs {int(need[row])} blocks")
 

@@ -33,7 +33,7 @@ class KVBlocks:
     def free(self) -> int:
         return self.total - self.used
 
-    def blocks(self, tokens: np.ndarray | int) -> np.ndarray | int:
+    def blocks(self, tokens: np.ndarray) -> np.ndarray:
         return -(-tokens // self.size)
 
     def admissible(self, rows: np.ndarray) -> int:

@@ -53,7 +53,7 @@ class Scheduler:
         self.admit_ptr = 0        # rows below it are all admitted
         self.n_admitted = 0
         self.contended = 0        # steps in which the policy's order decided something
-        self.kv = KVBlocks(table, int(config.kv_blocks), config.kv_block_size) if config.kv_bounded else None
+        self.kv = KVBlocks(table, config.kv_blocks_total, config.kv_block_size) if config.kv_bounded else None
 
     def idle(self, arrived: int) -> bool:
         """Nothing resident, nothing part-prefilled, nothing waiting: the engine waits for an arrival."""
