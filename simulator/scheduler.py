@@ -84,9 +84,9 @@ class Scheduler:
                 f"step {step} at t={now:.6g} s admitted and decoded nothing with "
                 f"{len(ready)} resident and {waiting} waiting requests "
                 f"(decode_slots={cfg.decode_slots}, max_resident={cfg.max_resident})")
-        # the policy chose: more ready requests than decode slots, or (policy-ordered admission)
-        # requests left waiting after this step's admissions
-        if len(ready) > cfg.decode_slots or (self.ordered_admission and arrived > self.n_admitted):
+        # the policy chose: more ready requests than decode slots, (policy-ordered admission)
+        # requests left waiting after this step's admissions, or a preemption's victim
+        if len(ready) > cfg.decode_slots or (self.ordered_admission and arrived > self.n_admitted) or len(preempted):
             self.contended += 1
         before = int(t.prefilled[carried]) if carried >= 0 else 0
         first, prefill_tokens, prefill_sq = self._prefill(np.concatenate([readmit, admit]) if len(readmit) else admit,

@@ -169,6 +169,8 @@ def test_two_requests_worked_out_by_hand():
     unbounded = Simulation(wl, np.zeros(2), policy=make_policy("fcfs"), predictor=None, profile=UnitProfile(),
                            config=EngineConfig(decode_slots=2, wait_cap=0)).run()
     assert unbounded.finish_s.tolist() == [8.0, 6.0] and unbounded.preemptions is None
+    # the one preempting step is the only one in which the policy chose (two residents, two slots)
+    assert (fcfs.contended_steps, countdown.contended_steps, unbounded.contended_steps) == (1, 1, 0)
 
 
 def test_victim_is_the_policys_last():
