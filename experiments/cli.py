@@ -37,6 +37,7 @@ from predictors import PREDICTORS
 from predictors.base import PredictorOptions
 from routers import DEFAULT_ROUTER, MAX_REPLICAS, ROUTERS
 from simulator.compiled import DEFAULT_KERNEL, KERNELS
+from simulator.config import KV_BLOCKS_FROM_PROFILE, MAX_TOKEN_BUDGET
 from simulator.engine import EngineConfig
 from simulator.profiles import DEFAULT_PROFILE, PROFILES, is_profile_name
 from simulator.runner import MAX_SEED, NO_PREDICTOR, PRESETS, RunConfig, code_hash, config_from_record, prepare
@@ -47,7 +48,8 @@ DEFAULT_LOAD = "1x"
 # flag -> EngineConfig field; an explicit flag overrides the same setting of a --preset
 ENGINE_FLAGS = {"max_resident": "max_resident", "decode_slots": "decode_slots",
                 "prefill_budget": "prefill_token_budget", "kv_budget": "kv_token_budget", "wait_cap": "wait_cap",
-                "chunked_prefill": "chunked_prefill", "decodes_in_budget": "decodes_in_budget"}
+                "chunked_prefill": "chunked_prefill", "decodes_in_budget": "decodes_in_budget",
+                "kv_blocks": "kv_blocks", "block_size": "kv_block_size"}
 DEFAULT_TRACES = ("sharegpt", "sharegpt-lengths")
 DEFAULT_PREDICTOR = "leap-rls"
 # `--predictor all`: FCFS without a predictor, then every registered predictor but the noisy oracle
@@ -67,6 +69,10 @@ def _float(text: str) -> float:
     if value != value or value < 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
     return value
+
+
+def _kv_blocks(text: str) -> int | str:
+    return KV_BLOCKS_FROM_PROFILE if text == KV_BLOCKS_FROM_PROFILE else bounded_int(1)(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt tokens prefilled per step (default 8192)")
     p.add_argument("--kv-budget", type=bounded_int(1),
                    help="optional KV-token admission limit (off by default)")
+    p.add_argument("--kv-blocks", type=_kv_blocks,
+                   help="KV cache of N blocks, or 'profile' (the blocks the engine profile's GPU memory holds "
+                        "beside the weights): admission by blocks, preemption by recompute when a decode finds "
+                        "none free (default: unbounded)")
+    p.add_argument("--block-size", type=bounded_int(1, MAX_TOKEN_BUDGET), help="tokens per KV block (default 16)")
     p.add_argument("--wait-cap", type=bounded_int(0),
                    help="force a resident request after this many steps without a decode (0 = off; default 128)")
     p.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None,

@@ -87,6 +87,8 @@ def unsupported(sim) -> str | None:
     predictor and profile declare (``compiled`` with ``why_not``, ``compiled_form``, ``compiled_coefficients``)."""
     if load_kernel() is None:
         return "numba is not installed (or does not load)"
+    if sim.config.kv_bounded:
+        return "KV blocks (--kv-blocks) are not compiled yet"
     policy, p = sim.policy, sim.predictor
     if not policy.compiled:
         from policies import POLICIES

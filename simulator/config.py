@@ -6,6 +6,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+#: ``kv_blocks`` value asking for the blocks the engine profile's GPU memory holds (resolved by
+#: :func:`simulator.runner.prepare` from :func:`core.hardware.kv_blocks_in_memory`)
+KV_BLOCKS_FROM_PROFILE = "profile"
+#: vLLM's default KV block size (tokens per block)
+DEFAULT_KV_BLOCK_SIZE = 16
+
 #: Upper bounds of the engine limits, checked before anything is sized by them: the capacity
 #: measurement replays 8 x max_resident requests, and the kernels size per-step arrays by the
 #: caps; a token budget above 2**31 - 1 tokens per step is a typo, not an engine.
@@ -25,6 +31,10 @@ class EngineConfig:
     # vLLM V1 scheduling (both off by default; `--preset recorded` turns them on):
     chunked_prefill: bool = False        # a prompt longer than the budget left is prefilled in chunks
     decodes_in_budget: bool = False      # each decode takes one token of prefill_token_budget first
+    # block-granular KV memory with preemption by recompute (docs/semantics.md "KV blocks"); off by
+    # default (unbounded, as before); an int, or KV_BLOCKS_FROM_PROFILE until the runner resolves it
+    kv_blocks: int | str | None = None
+    kv_block_size: int = DEFAULT_KV_BLOCK_SIZE
 
     def __post_init__(self) -> None:
         for name in ("max_resident", "decode_slots", "prefill_token_budget"):
@@ -47,6 +57,33 @@ class EngineConfig:
             not isinstance(self.kv_token_budget, (int, np.integer)) or self.kv_token_budget < 1
         ):
             raise ValueError(f"kv-budget must be a positive integer, got {self.kv_token_budget!r}")
+        self._check_kv_blocks()
         if self.kv_token_budget is not None and self.max_resident > self.kv_token_budget:
             raise ValueError(f"max-resident {self.max_resident} is above kv-budget {self.kv_token_budget} "
                              "(each resident request holds at least one KV token): lower --max-resident")
+
+    def _check_kv_blocks(self) -> None:
+        size, blocks = self.kv_block_size, self.kv_blocks
+        if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or not 1 <= size <= MAX_TOKEN_BUDGET:
+            raise ValueError(f"block-size must be an integer between 1 and {MAX_TOKEN_BUDGET}, got {size!r}")
+        if blocks is None or blocks == KV_BLOCKS_FROM_PROFILE:
+            return
+        if not isinstance(blocks, (int, np.integer)) or isinstance(blocks, bool) or blocks < 1:
+            raise ValueError(f"kv-blocks must be a positive integer or {KV_BLOCKS_FROM_PROFILE!r}, got {blocks!r}")
+        if blocks * size > MAX_TOKEN_BUDGET * 1024:
+            raise ValueError(f"kv-blocks {blocks} x block-size {size} is above the largest KV cache this "
+                             f"simulator sizes ({MAX_TOKEN_BUDGET * 1024} tokens)")
+        if self.kv_token_budget is not None:
+            raise ValueError("kv-blocks and kv-budget are two models of one KV cache: give one of them")
+
+    @property
+    def kv_blocks_total(self) -> int:
+        """The KV cache's blocks, once ``profile`` is resolved (``simulator.runner.resolve_kv_blocks``)."""
+        if not isinstance(self.kv_blocks, (int, np.integer)) or isinstance(self.kv_blocks, bool):
+            raise ValueError(f"kv-blocks {self.kv_blocks!r} must be resolved to a number of blocks before a run")
+        return int(self.kv_blocks)
+
+    @property
+    def kv_bounded(self) -> bool:
+        """Whether the block-granular KV model (admission by blocks, preemption) is on."""
+        return self.kv_blocks is not None

@@ -56,7 +56,8 @@ class StepLog:
     capacity_left: list = field(default_factory=list) # free resident places after admission
 
     def record(self, start: float, duration: float, batch, arrived: int, max_resident: int) -> None:
-        holding = batch.ready + len(batch.admit) + (batch.carried >= 0)   # a carried chunk holds a place
+        # a carried chunk holds a place; preempted rows leave, readmitted ones hold one again
+        holding = batch.ready + len(batch.admit) + (batch.carried >= 0) + len(batch.readmit) - len(batch.preempted)
         self.start_s.append(start)
         self.duration_s.append(duration)
         self.admitted.append(len(batch.admit))
@@ -103,6 +104,7 @@ class RunResult:
     replica: np.ndarray | None = None
     replicas: int = 1
     balance_max_over_mean: float | None = None   # outstanding true work, max / mean over replicas, at routings
+    preemptions: np.ndarray | None = None   # per row, times preempted (KV blocks; None: unbounded KV)
 
     @property
     def makespan_s(self) -> float:
@@ -144,6 +146,22 @@ class StepRunner(Protocol):
     def fill_step_log(self, log: StepLog) -> None: ...
 
 
+def check_kv_blocks(workload: Trace, config: EngineConfig) -> None:
+    """Every request must fit the KV cache alone (its prompt and all but its last output token),
+    or it could never finish (docs/semantics.md "KV blocks")."""
+    if not config.kv_bounded or not len(workload):
+        return
+    total, size = config.kv_blocks_total, config.kv_block_size
+    prompt = workload.prompt_tokens.astype(np.int64)
+    tokens = prompt + np.maximum(workload.output_tokens.astype(np.int64) - 1, 0)
+    for what, need in (("prompt", -(-prompt // size)), ("prompt and output", -(-tokens // size))):
+        row = int(np.argmax(need))
+        if need[row] > total:
+            raise ValueError(f"--kv-blocks {total} (x --block-size {size} tokens) cannot hold request "
+                             f"{workload.request_id[row]} (row {row}) of trace {workload.name!r}: its {what} "
+                             f"({int(tokens[row] if what != 'prompt' else prompt[row])} tokens) needs {int(need[row])} blocks")
+
+
 class Simulation:
     """One run: a workload with arrival times, a policy, a predictor, an engine profile.
 
@@ -166,6 +184,7 @@ class Simulation:
             raise ValueError("arrival times must be finite and >= 0")
         if step_clock:
             check_step_clock(arrival_s, profile, charge_cost)
+        check_kv_blocks(workload, config)
         if policy.uses_predictions and predictor is None:
             raise ValueError(f"policy {policy.name!r} needs a predictor")
         if closed_loop is not None and (not isinstance(closed_loop, (int, np.integer)) or closed_loop < 1):
@@ -246,7 +265,8 @@ class Simulation:
             predictor_cpu_s=driver.cpu_s, updates_published=driver.updates, sim_cpu_s=sim_cpu_s,
             step_log=log, output_kind=driver.output_kind,
             mae_in_use=driver.mae_in_use if compiled is None else compiled.mae_in_use,
-            contended_steps=scheduler.contended if compiled is None else compiled.contended)
+            contended_steps=scheduler.contended if compiled is None else compiled.contended,
+            preemptions=table.preemptions if self.config.kv_bounded else None)
 
     def _step_loop(self, env: simpy.Environment, table: RequestTable, scheduler: Scheduler,
                    driver: NoPrediction, log: StepLog | None, state: dict):

@@ -224,6 +224,8 @@ class FleetSimulation:
         table.arrival[k] = self.arrival[row]
         table.prompt[k] = self.prompt[row]
         table.prompt_sq[k] = self.prompt[row] * self.prompt[row]
+        if table.fill is not table.prompt:   # KV blocks: a preemption gave the table its own prefill sizes
+            table.fill[k], table.fill_sq[k] = table.prompt[k], table.prompt_sq[k]
         table.length[k] = self.length[row]
         replica.routed += 1
         self.assigned[row] = index

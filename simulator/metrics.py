@@ -40,8 +40,9 @@ def _mean(values: np.ndarray) -> float | None:
 
 
 def requests_table(result: RunResult) -> pa.Table:
-    """Per-request outcomes in row order ((arrival, id) order): deterministic bytes for one seed."""
-    return pa.table({
+    """Per-request outcomes in row order ((arrival, id) order): deterministic bytes for one seed;
+    with KV blocks (``--kv-blocks``) also each request's ``preemptions``."""
+    table = pa.table({
         "request_id": pa.array(result.rows_request_id.astype(str).tolist(), pa.string()),
         "arrival_s": pa.array(result.arrival_s, pa.float64()),
         "admit_s": pa.array(result.admit_s, pa.float64()),
@@ -57,6 +58,9 @@ def requests_table(result: RunResult) -> pa.Table:
         # a fleet's runs only, so a single engine's file keeps its bytes
         **({"replica": pa.array(result.replica, pa.int32())} if result.replica is not None else {}),
     })
+    if result.preemptions is not None:
+        table = table.append_column("preemptions", pa.array(result.preemptions, pa.int32()))
+    return table
 
 
 def prediction_quality(predicted: np.ndarray, true: np.ndarray, output_kind: str = "length") -> dict:
@@ -134,6 +138,9 @@ def summarize(result: RunResult, **context) -> dict:
     }
     if result.replica is not None:
         summary.update(fleet_balance(result))
+    if result.preemptions is not None:   # KV blocks: preemptions in all, and requests preempted at least once
+        summary["preemptions"] = int(result.preemptions.sum())
+        summary["requests_preempted"] = int((result.preemptions > 0).sum())
     return {**context, **summary}
 
 

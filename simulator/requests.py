@@ -33,6 +33,9 @@ class RequestTable:
         self.prompt = workload.prompt_tokens.astype(np.int64)
         self.prompt_sq = self.prompt * self.prompt
         self.attributes = of_trace(workload)                     # request attributes (core.attributes)
+        # tokens the row's next prefill computes: its prompt, or after a preemption its prompt and
+        # every token generated so far (recompute; docs/semantics.md "KV blocks")
+        self.fill, self.fill_sq = self.prompt, self.prompt_sq
         self.length = workload.output_tokens.astype(np.int64)    # completion only; never shown to policies
         self.generated = np.zeros(n, dtype=np.int64)
         self.predicted = np.zeros(n, dtype=np.float64)           # current estimate (or rank score)
@@ -52,6 +55,7 @@ class RequestTable:
         self.partial = -1                                        # row whose prompt is partly prefilled
         self.finished = 0
         self.kv_used = 0
+        self.preemptions = np.zeros(n, dtype=np.int64)
         self.released = min(closed_loop, n) if closed_loop is not None else n
 
     def arrived_by(self, now: float) -> int:
@@ -67,9 +71,10 @@ class RequestTable:
             self.ready_s[fresh] = now
 
     def land(self, step: int, tick: int, start: float, end: float, chosen: np.ndarray, n_forced: int,
-             admit: np.ndarray, first: np.ndarray, prefill_tokens: int) -> np.ndarray:
+             admit: np.ndarray, first: np.ndarray, prefill_tokens: int, resumed: np.ndarray | None = None) -> np.ndarray:
         """Decode tokens and first tokens land at the end of the step (recorded under ``tick``,
-        :func:`clock_step`); returns the rows now done."""
+        :func:`clock_step`); returns the rows now done. ``resumed``: rows whose re-prefill after a
+        preemption completed; each emits its next token (:meth:`KVBlocks.resume`)."""
         generated, length, last_served = self.generated, self.length, self.last_served
         generated[chosen] += 1
         last_served[chosen] = step
@@ -89,11 +94,16 @@ class RequestTable:
             one_token = first[length[first] <= 1]
             if len(one_token):
                 done = np.concatenate([done, one_token])
+        if resumed is not None and len(resumed):
+            generated[resumed] += 1
+            last_served[resumed] = step
+            done = np.concatenate([done, resumed[generated[resumed] >= length[resumed]]])
         self.finish_step[done] = tick
         return done
 
     def retire(self, done: np.ndarray, first: np.ndarray, end: float, keep_row_order: bool) -> None:
-        """Finish ``done``, make completed prompts resident, and (closed loop) release one row per completion."""
+        """Finish ``done``, make completed prompts (and re-prefills, listed first) resident, and
+        (closed loop) release one row per completion."""
         resident = self.resident
         if len(done):
             self.finish_s[done] = end

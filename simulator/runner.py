@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from core.hardware import kv_blocks_in_memory
 from core.trace import Trace, load_trace, tile_trace, trace_reference
 from policies import make_policy
 from predictors import NO_PREDICTOR, make_predictor
@@ -19,7 +20,8 @@ from predictors.gpu_cost import describe_cost
 from routers import DEFAULT_ROUTER, MAX_REPLICAS, ROUTERS, make_router
 from simulator.capacity import measure_capacity
 from simulator.compiled import DEFAULT_KERNEL, KERNELS, CompiledRun, note_fallback, unsupported
-from simulator.engine import EngineConfig, RunResult, Simulation
+from simulator.config import KV_BLOCKS_FROM_PROFILE
+from simulator.engine import EngineConfig, RunResult, Simulation, check_kv_blocks
 from simulator.fleet import FleetSimulation
 from simulator.metrics import summarize
 from simulator.preset import recorded_engine_config, recorded_window
@@ -128,6 +130,7 @@ class RunConfig:
             del d["tile"]
         if self.preset is None:   # keep the config.json of runs without a preset as it was
             del d["preset"], d["engine_overrides"]
+            d["engine_config"] = engine_config_record(self.engine_config)
         else:
             del d["engine_config"]
             d["engine_overrides"] = dict(self.engine_overrides)
@@ -191,6 +194,22 @@ def check_fleet(replicas: int, router: str, predictor: str, arrivals: ArrivalSpe
                          "a fleet routes open arrivals (poisson, trace, FILE.csv, recorded, steps)")
 
 
+def engine_config_record(config: EngineConfig) -> dict:
+    """An engine config as config.json holds it: without the KV block fields while KV is unbounded,
+    so the config.json of runs without ``--kv-blocks`` stays as it was."""
+    d = asdict(config)
+    if not config.kv_bounded:
+        del d["kv_blocks"], d["kv_block_size"]
+    return d
+
+
+def resolve_kv_blocks(config: EngineConfig, profile) -> EngineConfig:
+    """``--kv-blocks profile``: the blocks the profile's GPU memory holds beside the weights."""
+    if config.kv_blocks != KV_BLOCKS_FROM_PROFILE:
+        return config
+    return replace(config, kv_blocks=kv_blocks_in_memory(profile.hardware, config.kv_block_size))
+
+
 def check_kv_budget(workload: Trace, config: EngineConfig) -> None:
     """A KV budget below some prompt + its first token could only be kept by never admitting it."""
     if config.kv_token_budget is None or not len(workload):
@@ -205,7 +224,8 @@ def check_kv_budget(workload: Trace, config: EngineConfig) -> None:
 #: What :func:`prepare` writes into a run's config.json beside the :class:`RunConfig` fields.
 RESOLVED_KEYS = ("trace_name", "trace_hash", "trace_path", "requests_used", "policy_settings", "engine_settings",
                  "capacity_req_s", "arrival_rate_req_s", "arrivals_hash", "code_hash", "predictor_settings",
-                 "predictor_cost", "engine_config_used", "closed_loop_window", "router_settings")
+                 "predictor_cost", "engine_config_used", "closed_loop_window", "router_settings",
+                 "kv_blocks_used")
 
 
 @dataclass
@@ -241,8 +261,9 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
     if predictor is not None and not predictor.sees_true_lengths and is_serving(trace):
         workload = with_source_features(workload)   # a serving trace holds no hidden states of its own
     profile = make_profile(config.engine, trace)
-    engine_config = config.engine_config_for(trace)
+    engine_config = resolve_kv_blocks(config.engine_config_for(trace), profile)
     check_kv_budget(workload, engine_config)
+    check_kv_blocks(workload, engine_config)
     window = None
     if config.arrivals.as_recorded:   # no capacity: nothing is rescaled to a load
         capacity = None
@@ -283,8 +304,10 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
         cost = sim.predictor_cost
         assert cost is not None   # bound with a predictor
         resolved["predictor_cost"] = describe_cost(cost)
+    if engine_config.kv_bounded:
+        resolved["kv_blocks_used"] = engine_config.kv_blocks
     if config.preset is not None or window is not None:
-        resolved["engine_config_used"] = asdict(engine_config)
+        resolved["engine_config_used"] = engine_config_record(engine_config)
         resolved["closed_loop_window"] = window
     return Prepared(config, workload, sim, capacity, rate, resolved)
 
@@ -335,8 +358,10 @@ def _prepared_fleet(config: RunConfig, workload: Trace, trace: Trace, arrival_s:
     if predictor is not None:
         resolved["predictor_settings"] = predictor.describe()
         resolved["predictor_cost"] = describe_cost(predictor.cost(profile.hardware))
+    if engine_config.kv_bounded:
+        resolved["kv_blocks_used"] = engine_config.kv_blocks
     if config.preset is not None:
-        resolved["engine_config_used"] = asdict(engine_config)
+        resolved["engine_config_used"] = engine_config_record(engine_config)
     return Prepared(config, workload, fleet, capacity, rate, resolved)  # type: ignore[arg-type]
 
 

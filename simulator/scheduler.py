@@ -7,13 +7,14 @@ token budget, unless the predictor scores from the prompt alone and the policy o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from policies.base import Policy, SchedulerView
-from policies.selection import choose_decodes
+from policies.selection import choose_decodes, rank
 from simulator.config import EngineConfig
+from simulator.kv_blocks import KVBlocks
 from simulator.requests import RequestTable
 
 EMPTY = np.empty(0, dtype=np.int64)
@@ -37,6 +38,9 @@ class Batch:
     prefill_tokens: int
     prefill_sq: int           # attention work of the prefill (sum of chunk x (computed before + chunk))
     context: int              # KV tokens read by the decodes
+    resumed: np.ndarray = field(default_factory=lambda: EMPTY)    # rows whose re-prefill after a preemption completed (KV blocks)
+    readmit: np.ndarray = field(default_factory=lambda: EMPTY)    # preempted rows readmitted this step (not admissions)
+    preempted: np.ndarray = field(default_factory=lambda: EMPTY)  # rows preempted this step
 
 
 class Scheduler:
@@ -49,11 +53,13 @@ class Scheduler:
         self.admit_ptr = 0        # rows below it are all admitted
         self.n_admitted = 0
         self.contended = 0        # steps in which the policy's order decided something
+        self.kv = KVBlocks(table, config.kv_blocks_total, config.kv_block_size) if config.kv_bounded else None
 
     def idle(self, arrived: int) -> bool:
         """Nothing resident, nothing part-prefilled, nothing waiting: the engine waits for an arrival."""
         t = self.table
-        return len(t.resident) == 0 and t.partial < 0 and self.admit_ptr >= arrived
+        return len(t.resident) == 0 and t.partial < 0 and self.admit_ptr >= arrived and not (
+            self.kv is not None and self.kv.requeued)
 
     def compose(self, arrived: int, step: int, now: float) -> Batch:
         t, cfg, view = self.table, self.config, self.view
@@ -62,50 +68,78 @@ class Scheduler:
         ready = t.resident
         chosen, n_forced = choose_decodes(self.policy, view, ready, decode_slots=cfg.decode_slots,
                                           wait_cap=cfg.wait_cap, step=step, last_served=t.last_served)
+        preempted = EMPTY
+        if self.kv is not None:
+            chosen, n_forced, preempted = self._grow(ready, chosen, n_forced)
         budget = cfg.prefill_token_budget - (len(chosen) if cfg.decodes_in_budget else 0)
         carried = t.partial
         carried_chunk = 0
         if carried >= 0:   # a partly prefilled prompt continues before new admissions
-            carried_chunk = int(min(t.prompt[carried] - t.prefilled[carried], max(budget, 0)))
+            carried_chunk = int(min(t.fill[carried] - t.prefilled[carried], max(budget, 0)))
             budget -= carried_chunk
-        waiting = arrived - self.n_admitted
-        admit = self._admit(arrived, budget)
-        if not len(admit) and not len(chosen) and not carried_chunk:
+        waiting = arrived - self.n_admitted + (len(self.kv.requeued) if self.kv is not None else 0)
+        readmit, admit = self._admit(arrived, budget, len(preempted) == 0)
+        if not len(admit) and not len(readmit) and not len(chosen) and not carried_chunk and not len(preempted):
             raise SimulationStalled(
                 f"step {step} at t={now:.6g} s admitted and decoded nothing with "
                 f"{len(ready)} resident and {waiting} waiting requests "
                 f"(decode_slots={cfg.decode_slots}, max_resident={cfg.max_resident})")
-        # the policy chose: more ready requests than decode slots, or (policy-ordered admission)
-        # requests left waiting after this step's admissions
-        if len(ready) > cfg.decode_slots or (self.ordered_admission and arrived > self.n_admitted):
+        # the policy chose: more ready requests than decode slots, (policy-ordered admission)
+        # requests left waiting after this step's admissions, or a preemption's victim
+        if len(ready) > cfg.decode_slots or (self.ordered_admission and arrived > self.n_admitted) or len(preempted):
             self.contended += 1
         before = int(t.prefilled[carried]) if carried >= 0 else 0
-        first, prefill_tokens, prefill_sq = self._prefill(admit, budget, carried, carried_chunk)
-        if not len(admit) and not len(chosen) and carried >= 0 and t.prefilled[carried] <= before:
+        first, prefill_tokens, prefill_sq = self._prefill(np.concatenate([readmit, admit]) if len(readmit) else admit,
+                                                          budget, carried, carried_chunk)
+        resumed = self.kv.completed(first) if self.kv is not None else EMPTY
+        if len(resumed):
+            first = first[~np.isin(first, resumed)]
+        if not len(admit) and not len(readmit) and not len(chosen) and not len(preempted) and carried >= 0 and t.prefilled[carried] <= before:
             # a carried chunk that computed nothing: the same step would repeat forever
             raise SimulationStalled(
                 f"step {step} at t={now:.6g} s made no progress: the part-prefilled prompt of row {carried} "
-                f"stayed at {before} of {int(t.prompt[carried])} tokens, nothing admitted or decoded")
+                f"stayed at {before} of {int(t.fill[carried])} tokens, nothing admitted or decoded")
         context = int(t.prompt[chosen].sum() + t.generated[chosen].sum())
-        return Batch(chosen, n_forced, len(ready), waiting - len(admit), carried, admit, first, prefill_tokens, prefill_sq, context)
+        return Batch(chosen, n_forced, len(ready), waiting - len(admit) - len(readmit), carried, admit, first,
+                     prefill_tokens, prefill_sq, context, resumed, readmit, preempted)
 
-    def _admit(self, arrived: int, budget: int) -> np.ndarray:
+    def _grow(self, ready: np.ndarray, chosen: np.ndarray, n_forced: int) -> tuple[np.ndarray, int, np.ndarray]:
+        """KV blocks for the step's decodes (:meth:`KVBlocks.grow_decodes`): the preempted leave the
+        residents and the decodes (docs/semantics.md "KV blocks")."""
+        assert self.kv is not None
+        preempted = self.kv.grow_decodes(chosen, lambda: rank(self.policy, self.view, ready, len(ready)))
+        if len(preempted):
+            t = self.table
+            t.resident = t.resident[~np.isin(t.resident, preempted)]
+            kept = ~np.isin(chosen, preempted)
+            n_forced = int(kept[:n_forced].sum())
+            chosen = chosen[kept]
+        return chosen, n_forced, preempted
+
+    def _admit(self, arrived: int, budget: int, may_admit: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """(preempted rows readmitted, rows admitted) this step, in admission order."""
         t, cfg = self.table, self.config
         room = cfg.max_resident - len(t.resident) - (t.partial >= 0)
-        if budget <= 0:
-            return EMPTY
+        kv = self.kv
+        requeued = kv.requeued[::-1] if kv is not None else []
+        if budget <= 0 or not may_admit:
+            return EMPTY, EMPTY
         lo = self.admit_ptr
-        if room <= 0 or lo >= arrived:
-            return EMPTY
-        if self.ordered_admission:
+        if room <= 0 or (lo >= arrived and not requeued):
+            return EMPTY, EMPTY
+        if lo >= arrived:
+            cand = EMPTY
+        elif self.ordered_admission:
             cand = lo + np.flatnonzero(~t.admitted[lo:arrived])
             keys = self.policy.admission_keys(self.view, cand)
             if keys is not None:
                 cand = cand[np.argsort(keys, kind="stable")]
         else:
             cand = np.arange(lo, min(arrived, lo + room))
+        if requeued:   # preempted rows first, the last preempted at the front
+            cand = np.concatenate([np.asarray(requeued, dtype=np.int64), cand])
         cand = cand[:room]
-        tokens = np.cumsum(t.prompt[cand])
+        tokens = np.cumsum(t.fill[cand])
         # strict order: stop at the first request that does not fit; an over-long prompt goes alone
         take = int(np.searchsorted(tokens, budget, side="right"))
         if cfg.chunked_prefill:   # the next one gets what budget is left, as a first chunk
@@ -115,22 +149,28 @@ class Scheduler:
         if cfg.kv_token_budget is not None:
             fits = int(np.searchsorted(tokens, cfg.kv_token_budget - t.kv_used, side="right"))
             take = min(take, fits if fits or len(t.resident) else 1)  # an empty engine admits one
-        rows = cand[:take]
+        if kv is not None:   # each needs its whole prefill's blocks (no request needs more than all)
+            take = min(take, kv.admissible(cand[:take]))
+        n_re = min(take, len(requeued))
+        readmit = kv.readmit(n_re) if kv is not None and n_re else EMPTY
+        rows = cand[n_re:take]
+        if kv is not None:
+            kv.hold(cand[:take])
         if len(rows):
             t.admitted[rows] = True
             self.n_admitted += len(rows)
             while self.admit_ptr < arrived and t.admitted[self.admit_ptr]:
                 self.admit_ptr += 1
-        return rows
+        return readmit, rows
 
     def _prefill(self, admit: np.ndarray, budget: int, carried: int,
                  carried_chunk: int) -> tuple[np.ndarray, int, int]:
         """Prompt tokens computed this step: (rows completing their prompt, tokens, attention work)."""
         t = self.table
-        prompt = t.prompt
+        prompt = t.fill   # the prompt, or a preempted row's prompt and generated tokens
         if not self.config.chunked_prefill:
             prefill_tokens = int(prompt[admit].sum()) if len(admit) else 0
-            prefill_sq = int(t.prompt_sq[admit].sum()) if len(admit) else 0
+            prefill_sq = int(t.fill_sq[admit].sum()) if len(admit) else 0
             return admit, prefill_tokens, prefill_sq
         chunks = np.minimum(prompt[admit], np.maximum(budget - np.concatenate(
             [[0], np.cumsum(prompt[admit])[:-1]]), 0)) if len(admit) else EMPTY

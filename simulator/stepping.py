@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from simulator.config import EngineConfig
 from simulator.prediction import NoPrediction
 from simulator.profiles.base import EngineProfile
@@ -45,9 +47,13 @@ class EngineParts:
         """Land the step that ran from ``start`` (for ``duration``) to ``end``: tokens, estimates, completions, feedback."""
         table, driver = self.table, self.driver
         done = table.land(step, clock_step(step, start, self.step_clock), start, end, batch.chosen,
-                          batch.n_forced, batch.admit, batch.first, batch.prefill_tokens)
+                          batch.n_forced, batch.admit, batch.first, batch.prefill_tokens, batch.resumed)
         driver.after_step(batch.first, batch.chosen, start, duration)
-        table.retire(done, batch.first, end, self.scheduler.ordered_admission)
+        joined, row_order = batch.first, self.scheduler.ordered_admission
+        if self.scheduler.kv is not None:   # re-prefills rejoin the residents (in row order), finished rows free their blocks
+            self.scheduler.kv.release(done)
+            joined, row_order = np.concatenate([batch.resumed, batch.first]), True
+        table.retire(done, joined, end, row_order)
         if self.log is not None:
             self.log.finished.append(table.finished)  # type: ignore[attr-defined]
         driver.feedback(done)

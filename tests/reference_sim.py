@@ -26,6 +26,18 @@ Semantics implemented (docs/semantics.md):
   far plus its generated tokens until it finishes; admission keeps the longest prefix of the
   admitted candidates whose whole prompts fit in the budget minus what is held; with nothing
   resident (after decodes finish, before admission) the first candidate is admitted anyway.
+- KV blocks (``kv_blocks`` of ``block_size`` tokens, off by default): a resident request holds
+  ceil((prompt + generated - 1) / block_size) blocks (every token but the last sampled one has its
+  KV computed); one admitted and still prefilling holds its whole prefill's blocks. Decode choice
+  comes first; each decoded request, in decode order, needs ceil((prompt + generated) /
+  block_size) blocks; while it needs one more than it holds and none is free, the resident request
+  ranked last by the policy's decode order over all residents (no wait cap; fcfs: the highest row)
+  that is not yet preempted this step is preempted (it may be the request itself): it decodes
+  nothing, holds nothing, and waits in front of every other waiting request (the last preempted
+  first); its next prefill is prompt + generated tokens and emits its next token (not a first
+  token, not an admission). A step that preempted admits nothing. Otherwise admission takes the
+  re-queued requests first, then the usual candidates, the longest prefix that also fits the free
+  blocks (each its whole prefill's blocks).
 - Decode: the requests resident before the step. All of them if they fit in decode_slots, else
   starving ones first (step - last_served > wait_cap, wait_cap > 0; if too many, smallest
   last_served, ties by row), then the policy order (fcfs: row; countdown: max(pred - generated,
@@ -108,7 +120,7 @@ def _remaining(predicted, generated):
 def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicted=None,
              step_time=unit_step_time, max_resident=512, decode_slots=64,
              prefill_token_budget=8192, wait_cap=128, request_ids=None, chunked_prefill=False,
-             decodes_in_budget=False, closed_loop=None, kv_token_budget=None):
+             decodes_in_budget=False, closed_loop=None, kv_token_budget=None, kv_blocks=None, block_size=16):
     """Run the reference. Per-request inputs are in the caller's order; so are the outputs.
 
     Returns a dict: ``admit_s``, ``first_token_s``, ``finish_s``, ``forced_steps`` (lists in the
@@ -148,6 +160,9 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
     first_token_s = [None] * n
     finish_s = [None] * n
     computed = [0] * n              # prompt tokens prefilled so far (chunked prefill)
+    fill = list(prompt)             # tokens the next prefill computes (prompt + generated after a preemption)
+    requeued = []                   # preempted requests, waiting; the last one is readmitted first
+    preemptions = [0] * n
     released = min(closed_loop, n) if closed_loop is not None else n
     log = []
 
@@ -156,24 +171,47 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
     n_done = 0
     while n_done < n:
         arrived = [i for i in rows if arrival[i] <= t]
-        waiting = [i for i in arrived if state[i] == WAITING]
+        waiting = [i for i in arrived if state[i] == WAITING and i not in requeued]
         resident = [i for i in rows if state[i] == RESIDENT]
         partial = [i for i in rows if state[i] == "prefilling"]
-        if not waiting and not resident and not partial:
+        if not waiting and not resident and not partial and not requeued:
             t = min(arrival[i] for i in range(n) if arrival[i] > t)
             continue
 
         done_before = n_done
-        # ---- admission (see below: the budget left after decodes and a carried chunk)
+        ready = resident
+        forced, decoded = _decode_choice(policy, ready, decode_slots, wait_cap, step, last_served, row_of, pred,
+                                         generated, t, arrival)
+        preempted, grown = [], 0
+        if kv_blocks is not None:
+            ranked = _policy_order(policy, ready, row_of, pred, generated, t, arrival)
+            preempted, grown = _grow_blocks(decoded, ranked, prompt, generated, computed, fill, state, kv_blocks,
+                                     block_size, rows)
+            for i in preempted:
+                state[i] = WAITING
+                computed[i] = 0
+                fill[i] = prompt[i] + generated[i]
+                preemptions[i] += 1
+                requeued.append(i)
+            decoded = [i for i in decoded if i not in preempted]
+            forced = [i for i in forced if i not in preempted]
+            resident = [i for i in resident if i not in preempted]
+        # ---- admission: the budget left after decodes and a carried chunk
         admitted = []
+        readmitted = []
         chunk_of = {}
         room = max_resident - len(resident) - len(partial)
-        budget = prefill_token_budget - (min(len(resident), decode_slots) if decodes_in_budget else 0)
+        budget = prefill_token_budget - (len(decoded) if decodes_in_budget else 0)
         for i in partial:
-            c = min(prompt[i] - computed[i], max(budget, 0))
+            c = min(fill[i] - computed[i], max(budget, 0))
             chunk_of[i] = c
             budget -= c
-        if room > 0 and waiting and budget > 0:
+        if kv_blocks is not None and not preempted and room > 0 and budget > 0 and (requeued or waiting):
+            readmitted, admitted = _admit_blocks(policy, requeued[::-1], waiting, room, budget, fill, chunk_of,
+                                                 chunked_prefill, pred, row_of, t, arrival, kv_blocks, block_size,
+                                                 prompt, generated, state, rows, grown)
+            del requeued[len(requeued) - len(readmitted):]
+        elif kv_blocks is None and room > 0 and waiting and budget > 0:
             if policy == "fcfs":
                 candidates = list(waiting)
             elif policy == "countdown":
@@ -208,32 +246,6 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
                     del chunk_of[i]
                 admitted = admitted[:fits if fits or resident else 1]
 
-        # ---- decode choice among the requests resident before this step
-        ready = resident
-        forced = []
-        if len(ready) <= decode_slots:
-            decoded = list(ready)
-        else:
-            starving = []
-            if wait_cap > 0:
-                starving = [i for i in ready if step - last_served[i] > wait_cap]
-            if len(starving) >= decode_slots:
-                forced = sorted(starving, key=lambda i: (last_served[i], row_of[i]))[:decode_slots]
-                decoded = list(forced)
-            else:
-                forced = list(starving)
-                rest = [i for i in ready if i not in starving]
-                if policy == "fcfs":
-                    ranked = rest
-                elif policy == "countdown":
-                    ranked = sorted(rest, key=lambda i: (_remaining(pred[i], generated[i]), row_of[i]))
-                elif policy == "aging":
-                    ranked = sorted(rest, key=lambda i: (_aging_key(_remaining(pred[i], generated[i]), t,
-                                                                    arrival[i]), row_of[i]))
-                else:
-                    raise NotModelled(policy)
-                decoded = forced + ranked[:decode_slots - len(forced)]
-
         # ---- step time
         prefill_tokens = sum(chunk_of.values())
         prefill_sq = sum(c * (computed[i] + c) for i, c in chunk_of.items())
@@ -254,18 +266,21 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
         completes = []
         for i, c in chunk_of.items():
             computed[i] += c
-            if computed[i] == prompt[i]:
+            if computed[i] == fill[i]:
                 completes.append(i)
             else:
                 state[i] = "prefilling"
         for i in admitted:
             admit_s[i] = t
         for i in completes:
-            first_token_s[i] = end
-            generated[i] = 1
+            if first_token_s[i] is None:
+                first_token_s[i] = end
+                generated[i] = 1
+            else:   # a re-prefill after a preemption emits the next token
+                generated[i] += 1
             last_served[i] = step
             state[i] = RESIDENT
-            if length[i] == 1:
+            if generated[i] == length[i]:
                 state[i] = DONE
                 finish_s[i] = end
                 n_done += 1
@@ -278,12 +293,106 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
         log.append({
             "start_s": t, "duration_s": duration,
             "admitted": len(admitted), "decoded": len(decoded), "forced": len(forced),
-            "ready": len(ready), "resident": len(ready) + len(admitted) + len(partial),
-            "waiting": len(waiting) - len(admitted), "arrived": len(arrived), "finished": n_done,
+            "ready": len(ready),
+            "resident": len(ready) - len(preempted) + len(admitted) + len(readmitted) + len(partial),
+            "waiting": len(waiting) + len(requeued) - len(admitted), "arrived": len(arrived), "finished": n_done,
+            "preempted_ids": list(preempted), "readmitted_ids": list(readmitted),
             "admitted_ids": list(admitted), "decoded_ids": list(decoded), "forced_ids": list(forced),
         })
         t = end
         step += 1
 
     return {"admit_s": admit_s, "first_token_s": first_token_s, "finish_s": finish_s,
-            "forced_steps": forced_steps, "row_order": rows, "steps": log}
+            "forced_steps": forced_steps, "row_order": rows, "steps": log, "preemptions": preemptions}
+
+
+def _decode_key(policy, i, row_of, pred, generated, t, arrival):
+    if policy == "fcfs":
+        return (row_of[i],)
+    if policy == "countdown":
+        return (_remaining(pred[i], generated[i]), row_of[i])
+    if policy == "aging":
+        return (_aging_key(_remaining(pred[i], generated[i]), t, arrival[i]), row_of[i])
+    raise NotModelled(policy)
+
+
+def _policy_order(policy, rows_in, row_of, pred, generated, t, arrival):
+    return sorted(rows_in, key=lambda i: _decode_key(policy, i, row_of, pred, generated, t, arrival))
+
+
+def _decode_choice(policy, ready, decode_slots, wait_cap, step, last_served, row_of, pred, generated, t, arrival):
+    """(forced, decoded): the wait cap's starving first, then the policy's order."""
+    if len(ready) <= decode_slots:
+        return [], list(ready)
+    starving = [i for i in ready if step - last_served[i] > wait_cap] if wait_cap > 0 else []
+    if len(starving) >= decode_slots:
+        forced = sorted(starving, key=lambda i: (last_served[i], row_of[i]))[:decode_slots]
+        return forced, list(forced)
+    rest = [i for i in ready if i not in starving]
+    ranked = _policy_order(policy, rest, row_of, pred, generated, t, arrival)
+    return list(starving), starving + ranked[:decode_slots - len(starving)]
+
+
+def _held_blocks(i, state, prompt, generated, fill, size):
+    if state[i] == "resident":
+        return -(-(prompt[i] + generated[i] - 1) // size)
+    if state[i] == "prefilling":
+        return -(-fill[i] // size)
+    return 0
+
+
+def _grow_blocks(decoded, ranked, prompt, generated, computed, fill, state, total, size, rows):
+    """(the requests preempted so that each decode gets the block its next token needs, the blocks
+    the decodes got)."""
+    preempted = []
+    extra = {}   # blocks granted this step (a preempted request's are freed with the rest)
+
+    def free():
+        held = sum(_held_blocks(i, state, prompt, generated, fill, size) + extra.get(i, 0)
+                   for i in rows if i not in preempted)
+        return total - held
+
+    for i in decoded:
+        if i in preempted:
+            continue
+        if -(-(prompt[i] + generated[i]) // size) <= _held_blocks(i, state, prompt, generated, fill, size):
+            continue
+        while free() < 1:
+            victim = [j for j in ranked if j not in preempted][-1]
+            preempted.append(victim)
+            if victim == i:
+                break
+        if i not in preempted:
+            extra[i] = 1
+    return preempted, sum(extra[i] for i in extra if i not in preempted)
+
+
+def _admit_blocks(policy, requeued, waiting, room, budget, fill, chunk_of, chunked, pred, row_of, t, arrival,
+                  total, size, prompt, generated, state, rows, grown):
+    """(readmitted, admitted): re-queued first, then the admission order; budget, room and free blocks."""
+    if policy == "fcfs":
+        fresh = list(waiting)
+    elif policy == "countdown":
+        fresh = sorted(waiting, key=lambda i: (pred[i], row_of[i]))
+    else:
+        fresh = sorted(waiting, key=lambda i: (_aging_key(pred[i], t, arrival[i]), row_of[i]))
+    candidates = (list(requeued) + fresh)[:room]
+    free = total - grown - sum(_held_blocks(i, state, prompt, generated, fill, size) for i in rows)
+    taken, tokens = [], 0
+    for i in candidates:
+        chunk = fill[i]
+        if tokens + fill[i] > budget:
+            if chunked and tokens < budget:
+                chunk = budget - tokens
+            elif taken or chunked:
+                break
+        if -(-fill[i] // size) > free:
+            break
+        free -= -(-fill[i] // size)
+        taken.append(i)
+        chunk_of[i] = chunk
+        tokens += fill[i]
+        if chunk < fill[i]:
+            break
+    readmitted = [i for i in taken if i in requeued]
+    return readmitted, [i for i in taken if i not in requeued]

@@ -117,13 +117,16 @@ class Case:
     decodes_in_budget: bool = False
     closed_loop: int | None = None    # N in flight, the next submitted when one finishes
     kv_budget: int | None = None      # KV-token admission limit (off in the paper's setup)
+    kv_blocks: int | None = None      # KV blocks with preemption (tests/test_kv_blocks.py)
+    block_size: int = 16
 
     @property
     def config(self) -> EngineConfig:
         return EngineConfig(max_resident=self.max_resident, decode_slots=self.decode_slots,
                             prefill_token_budget=self.budget, wait_cap=self.wait_cap,
                             chunked_prefill=self.chunked_prefill, decodes_in_budget=self.decodes_in_budget,
-                            kv_token_budget=self.kv_budget)
+                            kv_token_budget=self.kv_budget, kv_blocks=self.kv_blocks,
+                            kv_block_size=self.block_size)
 
 
 GAPS = st.one_of(
@@ -234,7 +237,8 @@ def run_reference(case: Case, predicted):
                                   decode_slots=case.decode_slots, prefill_token_budget=case.budget,
                                   wait_cap=case.wait_cap, chunked_prefill=case.chunked_prefill,
                                   decodes_in_budget=case.decodes_in_budget, closed_loop=case.closed_loop,
-                                  kv_token_budget=case.kv_budget)
+                                  kv_token_budget=case.kv_budget, kv_blocks=case.kv_blocks,
+                                  block_size=case.block_size)
 
 
 def close(a, b) -> bool:

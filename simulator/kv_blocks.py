@@ -1,0 +1,108 @@
+"""Block-granular KV memory with preemption by recompute (docs/semantics.md "KV blocks").
+
+A request holds ``ceil(tokens / block_size)`` blocks, ``tokens`` being those whose KV has been
+computed: from admission its whole prefill (the prompt, or after a preemption the prompt and every
+token generated so far), then one more per decode. A decode that needs a block when none is free
+preempts the resident request the policy ranks last (vLLM V1 preempts the last of its running
+queue): its blocks are freed and it goes back to the front of the waiting requests, to be prefilled
+again with its generated tokens. The scheduler (:mod:`simulator.scheduler`) asks; this class keeps
+the counts and says who goes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from simulator.requests import RequestTable
+
+
+class KVBlocks:
+    """One run's KV cache: ``total`` blocks of ``size`` tokens over a :class:`RequestTable`."""
+
+    def __init__(self, table: RequestTable, total: int, size: int):
+        self.table, self.total, self.size = table, int(total), int(size)
+        self.held = np.zeros(table.n, dtype=np.int64)   # blocks each row holds
+        self.used = 0
+        self.requeued: list[int] = []                   # preempted rows, the next to readmit last
+        self.recompute = np.zeros(table.n, dtype=bool)  # a row whose next prefill is a re-prefill
+        self.preemptions = 0
+
+    @property
+    def free(self) -> int:
+        return self.total - self.used
+
+    def blocks(self, tokens: np.ndarray) -> np.ndarray:
+        return -(-tokens // self.size)
+
+    def admissible(self, rows: np.ndarray) -> int:
+        """How many of ``rows`` (in admission order) fit: each needs its whole prefill's blocks."""
+        need = np.cumsum(self.blocks(self.table.fill[rows]))
+        return int(np.searchsorted(need, self.free, side="right"))
+
+    def hold(self, rows: np.ndarray) -> None:
+        """Admitted (or readmitted) rows take their prefill's blocks."""
+        need = self.blocks(self.table.fill[rows])
+        self.held[rows] = need
+        self.used += int(need.sum())
+        if self.used > self.total:   # the scheduler admits only what fits: a bug, not an input
+            raise AssertionError(f"KV blocks over-committed: {self.used} of {self.total}")
+
+    def release(self, done: np.ndarray) -> None:
+        self.used -= int(self.held[done].sum())
+        self.held[done] = 0
+
+    def grow_decodes(self, chosen: np.ndarray, ranked_last: Callable[[], np.ndarray]) -> np.ndarray:
+        """Give each decode of ``chosen`` (in order) the block its next token needs, preempting from
+        the end of ``ranked_last()`` (every resident in the policy's order, asked once) while none is
+        free; returns the preempted rows (in preemption order; they decode nothing this step)."""
+        t = self.table
+        need = self.blocks(t.prompt[chosen] + t.generated[chosen]) - self.held[chosen]
+        if not need.any():
+            return chosen[:0]
+        order: list[int] | None = None
+        gone: list[int] = []
+        for r, more in zip(chosen.tolist(), need.tolist()):
+            if not more or self.recompute[r]:   # nothing to add, or preempted already this step
+                continue
+            while self.free == 0:
+                if order is None:
+                    order = ranked_last().tolist()
+                victim = order.pop()
+                while self.recompute[victim]:
+                    victim = order.pop()
+                self._preempt(victim)
+                gone.append(victim)
+                if victim == r:
+                    break
+            if not self.recompute[r]:
+                self.held[r] += 1
+                self.used += 1
+        return np.asarray(gone, dtype=np.int64)
+
+    def _preempt(self, row: int) -> None:
+        """Free the row's blocks; its next prefill recomputes its prompt and generated tokens."""
+        t = self.table
+        self.release(np.asarray([row]))
+        if t.fill is t.prompt:   # the first preemption of the run: rows get their own fill arrays
+            t.fill, t.fill_sq = t.prompt.copy(), t.prompt_sq.copy()
+        t.fill[row] = t.prompt[row] + t.generated[row]
+        t.fill_sq[row] = t.fill[row] * t.fill[row]
+        t.prefilled[row] = 0
+        t.preemptions[row] += 1
+        self.recompute[row] = True
+        self.requeued.append(row)
+        self.preemptions += 1
+
+    def readmit(self, k: int) -> np.ndarray:
+        """The first ``k`` rows of the re-queue leave it (the last preempted first)."""
+        rows = np.asarray(self.requeued[::-1][:k], dtype=np.int64)
+        del self.requeued[len(self.requeued) - k:]
+        return rows
+
+    def completed(self, rows: np.ndarray) -> np.ndarray:
+        """Of the rows whose prefill completed, those that were re-prefills (the rest are first tokens)."""
+        resumed = rows[self.recompute[rows]]
+        self.recompute[resumed] = False
+        return resumed
