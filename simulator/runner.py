@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from core.latency import parse_goodput
 from core.trace import Trace, load_trace, tile_trace, trace_reference
 from policies import make_policy
 from predictors import NO_PREDICTOR, make_predictor
@@ -74,6 +75,8 @@ class RunConfig:
     # the engine's implementation (the compiled step, or the reference SimPy loop that defines it, which
     # a configuration the kernel does not cover falls back to); outputs are identical (not recorded)
     kernel: str = DEFAULT_KERNEL
+    # goodput SLOs in ms (``--goodput``, core.latency.SLO_METRICS): they add request_goodput to the summary
+    goodput: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
@@ -103,6 +106,7 @@ class RunConfig:
         for name, _ in self.engine_overrides:
             if name not in ENGINE_FIELDS:
                 raise ValueError(f"unknown engine setting {name!r}")
+        parse_goodput([f"{name}:{ms}" for name, ms in self.goodput])   # refuses an unknown SLO or a bad value
 
     def engine_config_for(self, trace: Trace) -> EngineConfig:
         """The engine settings of this run on ``trace`` (a preset read from its metadata, then overrides)."""
@@ -118,6 +122,10 @@ class RunConfig:
         d["predictor_options"]["train_trace"] = trace_reference(self.predictor_options.train_trace)
         if self.tile is None:     # keep the config.json of untiled runs as it was
             del d["tile"]
+        if self.goodput:
+            d["goodput"] = dict(self.goodput)
+        else:                     # keep the config.json of runs without SLOs as it was
+            del d["goodput"]
         if self.preset is None:   # keep the config.json of runs without a preset as it was
             del d["preset"], d["engine_overrides"]
         else:
@@ -148,7 +156,9 @@ def config_from_record(record: dict) -> RunConfig:
             load=record["load"], arrivals=ArrivalSpec.parse(record["arrivals"]), requests=record.get("requests"),
             seed=int(record["seed"]), tile=record.get("tile"), engine_config=EngineConfig(**engine), predictor_options=PredictorOptions(**options),
             charge_cost=bool(record.get("charge_cost", True)), preset=record.get("preset"),
-            engine_overrides=tuple(sorted((record.get("engine_overrides") or {}).items())))
+            engine_overrides=tuple(sorted((record.get("engine_overrides") or {}).items())),
+            goodput=tuple((k, float(v)) for k, v in parse_goodput(
+                [f"{k}:{v}" for k, v in (record.get("goodput") or {}).items()]).items()))
     except KeyError as exc:
         raise ValueError(f"config.json has no {exc.args[0]!r}") from None
     except TypeError as exc:
@@ -262,6 +272,7 @@ def execute(prepared: Prepared) -> tuple[dict, RunResult]:
     cfg = prepared.config
     summary = summarize(
         result,
+        slos=dict(cfg.goodput),
         trace=prepared.resolved["trace_name"],
         predictor=cfg.predictor,
         policy=cfg.policy,
