@@ -185,3 +185,18 @@ def test_saved_keys_are_vllm_bench_serves():
     for core in ("mean_ttft_ms", "median_tpot_ms", "p99_e2el_ms", "mean_itl_ms", "request_goodput",
                  "request_throughput", "output_throughput", "total_token_throughput", "duration", "completed"):
         assert core in source and core in result_keys()
+
+
+def test_leap_validate_rows_carry_the_field_figures():
+    from experiments.validate import report_section
+    from experiments.validate_serving import _figures
+
+    finish, tokens = np.array(FINISH, dtype=np.float64), np.array(TOKENS, dtype=np.float64)
+    row = _figures("real", finish, np.ones(8), tokens, 29.0)
+    assert row["real_mean_tpot_ms"] == pytest.approx(sum(TPOT_S) / 7 * 1000)
+    assert row["real_median_e2el_ms"] == pytest.approx(15500.0) and row["real_p99_ttft_ms"] == 1000.0
+    assert row["real_mean_tpot_s"] * 1000 == pytest.approx(row["real_mean_tpot_ms"])   # the same rule twice
+    sim = _figures("sim", finish + 1, np.ones(8), tokens, 30.0)
+    line = report_section([{**row, **sim, "run": "r", "profile_from": "p", "requests": 8, "p95_e2e_err": 0.0,
+                            "mean_e2e_err": 0.0, "median_abs_e2e_err": 0.0}]).splitlines()[2]
+    assert f"| {row['real_p99_tpot_ms']:.0f} | {sim['sim_p99_tpot_ms']:.0f} |" in line
