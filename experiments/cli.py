@@ -22,6 +22,7 @@ from core.checks import bounded_int, output_path, split_list
 from core.errors import OneLineParser, UsageError, run_command
 from core.io import remove_stale_temps
 from core.trace import TraceError, bundled_trace_names, load_trace
+from experiments.field_metrics import add_field_metric_flags, save_result, with_goodput
 from experiments.sweep import (
     Stopped,
     SweepInterrupted,
@@ -151,11 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--wide", action="store_true", help="table with every figure, however wide (default: compact, "
                    "fitted to the terminal by dropping columns, never cutting a value)")
+    add_field_metric_flags(p)
     return p
 
 
 #: Flags that --config leaves free (where results go and how they are shown).
-OUTPUT_FLAGS = ("config", "out", "plots", "json", "quiet", "wide", "jobs", "executor", "kernel")
+OUTPUT_FLAGS = ("config", "out", "plots", "json", "quiet", "wide", "jobs", "executor", "kernel", "goodput",
+                "save_result")
 
 
 def _settings(items: list[str], predictors: list[str]) -> dict:
@@ -346,6 +349,7 @@ def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int
     """The command; output folders it makes are listed in ``created`` (see :func:`main`)."""
     args = build_parser().parse_args(argv)
     configs = [dataclasses.replace(c, kernel=args.kernel) for c in _configs(args)]
+    configs = with_goodput(args, configs)
     _note_import(load_trace(configs[0].trace))
     if args.plots and args.out is None:
         raise UsageError("--plots needs --out DIR")
@@ -387,6 +391,8 @@ def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int
             dirs = [args.out] if len(configs) == 1 else [args.out / run_slug(c) for c in configs]
             write_plots(summaries, args.out, dirs)
         print(f"{PROG}: wrote {len(summaries)} run(s) to {args.out}", file=sys.stderr)
+    if args.save_result is not None:
+        save_result(args.save_result, summaries[0], configs[0])
     if args.json:
         for summary in summaries:
             print(json.dumps(summary, sort_keys=True), flush=True)

@@ -65,13 +65,14 @@ def serving_report_section(rows: list[dict]) -> str:
                           ("real TTFT", "real_mean_ttft_s", ".3f"), ("sim TTFT", "sim_mean_ttft_s", ".3f"),
                           ("real p95 TTFT", "real_p95_ttft_s", ".3f"), ("sim p95 TTFT", "sim_p95_ttft_s", ".3f"),
                           ("real TPOT", "real_mean_tpot_s", ".4f"), ("sim TPOT", "sim_mean_tpot_s", ".4f"),
+                          ("real p99 TPOT ms", "real_p99_tpot_ms", ".0f"), ("sim p99 TPOT ms", "sim_p99_tpot_ms", ".0f"),
                           ("real makespan s", "real_makespan_s", ".1f"), ("sim makespan s", "sim_makespan_s", ".1f"),
                           ("probe x quiet", "probe_median_over_before_run", ".2f"), ("contended", "contended", ""),
                           ("steps x profile run", "step_time_ratio", ".2f"), ("host mismatch", "host_mismatch", ""),
                           ("p95 err at run speed", "p95_e2e_err_at_run_speed", "%"),
                           ("mean err at run speed", "mean_e2e_err_at_run_speed", "%")]),
             "\n## Live Table 3 analogue: measured gain over FCFS beside the simulated gain\n",
-            "Gain = mean PTL / mean PTL of the FCFS run of the same workload at the same load - 1 (negative = "
+            "Gain = mean NL (normalized latency, e2e / output tokens) / mean NL of the FCFS run of the same workload at the same load - 1 (negative = "
             "faster); gap = simulated - measured gain in percentage points; `steps x FCFS run`: the run's step times over "
             "its FCFS run's for the same steps (a measured gain across runs on a differently loaded host is "
             "confounded by it). Prediction cost live: the scheduler's "
@@ -79,7 +80,7 @@ def serving_report_section(rows: list[dict]) -> str:
             "simulated: the GPU seconds the simulator's cost model would charge for the same run, as a share "
             "of its makespan.\n",
             _table(rows, [("run", "run", ""), ("load", "load", "g"), ("predictor", "predictor", ""),
-                          ("mean PTL s", "real_mean_ptl_s", ".4f"), ("mean e2e s", "real_mean_e2e_s", ".2f"),
+                          ("mean NL s", "real_mean_ptl_s", ".4f"), ("mean e2e s", "real_mean_e2e_s", ".2f"),
                           ("p95 e2e s", "real_p95_e2e_s", ".2f"), ("mean TTFT s", "real_mean_ttft_s", ".3f"),
                           ("tok/s", "real_throughput_tok_s", ".1f"),
                           ("live cost median", "live_cost_share_median", ".2%"),

@@ -12,23 +12,27 @@ PIPED_WIDTH = 100
 
 #: Compact table: (header, summary key or derived column).
 COMPACT_COLUMNS = [("predictor", "predictor"), ("policy", "policy"), ("load", "load"),
-                   ("mean PTL", "mean_ptl_s"), ("vs FCFS", "vs_fcfs_mean_ptl_s"),
-                   ("mean e2e", "mean_e2e_s"), ("p95 e2e", "p95_e2e_s"), ("p95 vs FCFS", "vs_fcfs_p95_e2e_s"),
+                   ("mean NL", "mean_ptl_s"), ("vs FCFS", "vs_fcfs_mean_ptl_s"), ("p99 TPOT", "p99_tpot_ms"),
+                   ("p95 e2e", "p95_e2e_s"), ("p95 vs FCFS", "vs_fcfs_p95_e2e_s"),
                    ("mean TTFT", "mean_ttft_s")]
 WIDE_COLUMNS = [("predictor", "predictor"), ("policy", "policy"), ("load", "load"),
-                ("mean PTL", "mean_ptl_s"), ("vs FCFS", "vs_fcfs_mean_ptl_s"),
-                ("PTL vs LEAP", "vs_leap_mean_ptl_s"), ("mean e2e", "mean_e2e_s"), ("p50 e2e", "p50_e2e_s"),
+                ("mean NL", "mean_ptl_s"), ("vs FCFS", "vs_fcfs_mean_ptl_s"),
+                ("NL vs LEAP", "vs_leap_mean_ptl_s"), ("mean TPOT", "mean_tpot_ms"), ("p99 TPOT", "p99_tpot_ms"),
+                ("p99 ITL", "p99_itl_ms"), ("mean e2e", "mean_e2e_s"), ("p50 e2e", "p50_e2e_s"),
                 ("p95 e2e", "p95_e2e_s"), ("p95 vs FCFS", "vs_fcfs_p95_e2e_s"), ("p99 e2e", "p99_e2e_s"),
                 ("mean TTFT", "mean_ttft_s"), ("long p95", "long_decile_p95_e2e_s"), ("tok/s", "throughput_tok_s"),
                 ("Spearman", "spearman"), ("Kendall", "kendall_tau"), ("saturated", "saturated_share"),
                 ("sim CPU s", "sim_cpu_s")]
-#: Columns a narrow terminal loses first to last: the trade-off of mean PTL against p95 e2e is the
-#: table's point (and the sentence under it repeats both changes), so those go last; the run's
-#: identity (predictor, policy, load, seed), mean PTL and p95 e2e always stay.
-DROP_ORDER = ["mean_ttft_s", "mean_e2e_s", "vs_fcfs_p95_e2e_s", "vs_fcfs_mean_ptl_s"]
-#: One line (under 100 characters) defining the terms of the compact table.
-LEGEND = "s | e2e: arrival to last token | PTL: per-token latency, e2e / output tokens | TTFT: to first token"
-WIDE_LEGEND = (" | vs: change against FCFS (LEAP) at the same load and seed, - is faster | long p95: p95 e2e of "
+#: (mean e2e is in --wide: p99 TPOT took its place.)
+#: Columns a narrow terminal loses first to last: the trade-off of mean NL against the tail (p99
+#: TPOT, p95 e2e) is the table's point (and the sentence under it repeats it), so those go last; the
+#: run's identity (predictor, policy, load, seed), mean NL and p95 e2e always stay.
+DROP_ORDER = ["mean_ttft_s", "vs_fcfs_p95_e2e_s", "p99_tpot_ms", "vs_fcfs_mean_ptl_s"]
+#: The terms of the compact table, in parts of at most 100 characters (one line each when narrow).
+LEGEND = ("s; TPOT ms | e2e: arrival to last token | TTFT: to first token | NL: normalized latency, e2e / "
+          "output tokens (once PTL) | TPOT: time per output token after the first, (e2e - TTFT) / (output tokens - 1)")
+WIDE_LEGEND = (" | ITL ms | ITL: gap between a request's tokens (from each request's mean gap in the simulator)"
+               " | vs: change against FCFS (LEAP) at the same load and seed, - is faster | long p95: p95 e2e of "
                "the longest-output decile | saturated: share of steps with more ready requests than decode "
                "slots | sim CPU s: CPU seconds of the simulation loop")
 
@@ -38,6 +42,10 @@ def seconds_text(value) -> str:
     if value is None:
         return "-"
     return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
+def _ms_text(summary: dict) -> str:
+    return _cell(summary, "p99_tpot_ms")
 
 
 def load_text(load: float | None) -> str:
@@ -56,6 +64,9 @@ def _cell(s: dict, name: str) -> str:
         return "-" if value is None else f"{round(value * 100):+d}%".replace("+0%", "0%")
     if name in ("spearman", "kendall_tau", "saturated_share"):
         return f"{value:.3f}" if value is not None else "-"
+    if name.endswith("_ms"):
+        return f"{value:.0f}" if value is not None and abs(value) >= 100 else (
+            f"{value:.3g}" if value is not None else "-")
     if name == "throughput_tok_s":
         return f"{value:.0f}" if value is not None else "-"
     if isinstance(value, float):
@@ -124,6 +135,7 @@ def print_table(summaries: list[dict], wide: bool = False) -> None:
             if ptl is None or p95 is None:
                 continue
             where = f"at {s['load']:g}x" if s["load"] is not None else f"with arrivals {s['arrivals']}"
-            console.print(f"{s['predictor']} + {s['policy']} {where} vs FCFS: mean PTL "
-                          f"{'cut' if ptl < 0 else 'up'} {abs(ptl):.0%}; p95 e2e {seconds_text(base['p95_e2e_s'])} s -> "
-                          f"{seconds_text(s['p95_e2e_s'])} s ({p95:+.0%})", width=width)
+            tpot = _change(s.get("p99_tpot_ms"), base.get("p99_tpot_ms"))
+            tail = f", p99 TPOT {tpot:+.0%} ({_ms_text(s)} ms)" if tpot is not None else ""
+            console.print(f"{s['predictor']} + {s['policy']} {where} vs FCFS: mean NL {ptl:+.0%}, p95 e2e "
+                          f"{p95:+.0%} ({seconds_text(s['p95_e2e_s'])} s){tail}", width=width)

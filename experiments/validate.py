@@ -8,7 +8,8 @@ and arrivals are replayed as recorded: a batch recording (closed loop, ``window`
 the next submitted when one finishes) in closed loop; a serving recording at its own ``arrival_s``.
 
 Measured side, from the trace itself: ``e2e_s`` (submission to last token), ``ttft_s`` (submission to
-first token), PTL = e2e / output tokens, TPOT = (e2e - ttft) / (output tokens - 1). Simulated side:
+first token), NL (normalized latency, once PTL) = e2e / output tokens, TPOT = (e2e - ttft) / (output
+tokens - 1), and TTFT, TPOT, E2EL as mean/median/p90/p99 in ms (``real_p99_tpot_ms``...). Simulated side:
 the same definitions with submission = the request's (released) arrival. Makespan: measured = the
 sum of the recording's runs' ``wall_s`` (closed loop) or last finish - first arrival (serving).
 Nothing here is tuned on the run it validates. Step-clocked serving runs (``serving.clock = "steps"``)
@@ -106,15 +107,20 @@ def validate_one(trace: Trace, profile_from: Trace, requests: int | None = None)
     return row
 
 
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
 def report_section(rows: list[dict]) -> str:
     """Markdown table of validation rows, for experiments/report.py to include."""
     lines = ["| trace | profile from | requests | real P95 e2e s | sim P95 e2e s | P95 err | mean e2e err "
-             "| median per-request err | real makespan s | sim makespan s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| median per-request err | real P99 TPOT ms | sim P99 TPOT ms | real makespan s | sim makespan s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['run']} | {r['profile_from']} | {r['requests']} | {r['real_p95_e2e_s']:.1f} | "
                      f"{r['sim_p95_e2e_s']:.1f} | {r['p95_e2e_err']:+.1%} | {r['mean_e2e_err']:+.1%} | "
-                     f"{r['median_abs_e2e_err']:.1%} | {r['real_makespan_s']:.0f} | {r['sim_makespan_s']:.0f} |")
+                     f"{r['median_abs_e2e_err']:.1%} | {_ms(r.get('real_p99_tpot_ms'))} | "
+                     f"{_ms(r.get('sim_p99_tpot_ms'))} | {r['real_makespan_s']:.0f} | {r['sim_makespan_s']:.0f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -103,6 +103,15 @@ def serve_main(argv) -> int:
     t_start = time.time()
 
     flags = check_flags(args)                   # ---- flags that need no file
+    rc = _serve(args, flags, log, t_start)
+    if rc == 0 and flags.out is not None and flags.out.exists():   # the run in the field's terms
+        from live.serve_metrics import report
+        report(args, flags.out, flags.slos, log)
+    return rc
+
+
+def _serve(args, flags, log, t_start: float) -> int:
+    """The run, in this process or against ``--server``; 0 once its serving trace is written."""
     load, given_capacity, measure, out = flags.load, flags.given_capacity, flags.measure, flags.out
     live = live_config(args)
     served = server_run.check_server(args)      # --server: reachable, running the plugin (its settings)

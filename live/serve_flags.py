@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from capture import CaptureError
+from core.bench_result import add_result_flags, check_save_result, goodput_slos
 from core.checks import MAX_NUMPY_SEED, bounded_int
 from core.errors import OneLineParser
 from live import prechecks, stepclock
@@ -74,6 +75,8 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
     p.add_argument("--server", metavar="URL",
                    help="drive a running vllm serve with the leap_sched plugin over HTTP instead of an "
                         "in-process engine (live.server_run; its settings must match these flags)")
+    add_result_flags(p, "write the run's figures under vllm bench serve's result keys and units (ms), "
+                     "read back from the serving trace (live.serve_metrics)")
     return p
 
 
@@ -93,6 +96,7 @@ class Flags:
     given_capacity: float | None
     measure: bool
     out: Path | None
+    slos: dict[str, float] = field(default_factory=dict)   # --goodput, ms
 
 
 def check_flags(args) -> Flags:
@@ -157,4 +161,8 @@ def check_flags(args) -> Flags:
             raise CaptureError(f"{out} (or its .parts) exists; use --resume to continue or --overwrite")
     prechecks.check_resume(args.resume, out)
     prechecks.check_arrivals_file(args.arrivals, args.clock)
-    return Flags(load, given_capacity, measure, out)
+    slos = goodput_slos(args.goodput)
+    check_save_result(args.save_result)
+    if (args.goodput is not None or args.save_result is not None) and out is None:
+        raise CaptureError("--goodput and --save-result summarise a served run: they need --arrivals and --out")
+    return Flags(load, given_capacity, measure, out, slos)

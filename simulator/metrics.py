@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pyarrow as pa
 
+from core.latency import itl_from_request_means, latency_summary, request_goodput, request_latencies
 from simulator.engine import RunResult
 
 LONG_REQUEST_TOKENS = 1024
@@ -85,8 +86,22 @@ def prediction_quality(predicted: np.ndarray, true: np.ndarray, output_kind: str
     return out
 
 
-def summarize(result: RunResult, **context) -> dict:
-    """Summary figures of one run; ``context`` (load, capacity, names, seed...) is merged in."""
+def field_latency(result: RunResult, span_s: float, slos: dict[str, float] | None = None) -> dict:
+    """TTFT, TPOT, ITL, E2EL in ms under vLLM's keys (``core.latency``), token totals, and
+    ``request_goodput`` under ``slos`` (ms; null without). The engine keeps each request's first and
+    last token times, so ITL is taken from each request's mean gap (docs/semantics.md "Metrics")."""
+    lat = request_latencies(result.arrival_s, result.first_token_s, result.finish_s, result.output_tokens)
+    done = np.isfinite(result.finish_s)
+    goodput = request_goodput(lat, slos or {}, span_s)
+    return {**latency_summary(lat, itl_from_request_means(lat)),
+            "total_input_tokens": int(result.prompt_tokens[done].sum()),
+            "total_output_tokens": int(result.output_tokens[done].sum()),
+            "request_goodput": None if goodput is None else _num(goodput)}
+
+
+def summarize(result: RunResult, slos: dict[str, float] | None = None, **context) -> dict:
+    """Summary figures of one run; ``context`` (load, capacity, names, seed...) is merged in;
+    ``slos``: the goodput SLOs in ms (``--goodput``)."""
     arrival, finish, first = result.arrival_s, result.finish_s, result.first_token_s
     out_tok = result.output_tokens.astype(np.float64)
     done = np.isfinite(finish)
@@ -135,6 +150,7 @@ def summarize(result: RunResult, **context) -> dict:
         **prediction_quality(result.predicted_tokens, result.output_tokens, result.output_kind),
         "mae_in_use": _num(result.mae_in_use) if result.mae_in_use is not None else None,
         "sim_cpu_s": _num(result.sim_cpu_s),
+        **field_latency(result, span, slos),
     }
     if result.replica is not None:
         summary.update(fleet_balance(result))

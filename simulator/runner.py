@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from core.hardware import kv_blocks_in_memory
+from core.latency import parse_goodput
 from core.trace import Trace, load_trace, tile_trace, trace_reference
 from policies import make_policy
 from predictors import NO_PREDICTOR, make_predictor
@@ -81,6 +82,8 @@ class RunConfig:
     # a fleet (docs/semantics.md "Fleets"): this many replicas of the engine behind this router
     replicas: int = 1
     router: str = DEFAULT_ROUTER
+    # goodput SLOs in ms (``--goodput``, core.latency.SLO_METRICS): they add request_goodput to the summary
+    goodput: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         check_fleet(self.replicas, self.router, self.predictor, self.arrivals)
@@ -111,6 +114,7 @@ class RunConfig:
         for name, _ in self.engine_overrides:
             if name not in ENGINE_FIELDS:
                 raise ValueError(f"unknown engine setting {name!r}")
+        parse_goodput([f"{name}:{ms}" for name, ms in self.goodput])   # refuses an unknown SLO or a bad value
 
     def engine_config_for(self, trace: Trace) -> EngineConfig:
         """The engine settings of this run on ``trace`` (a preset read from its metadata, then overrides)."""
@@ -128,6 +132,10 @@ class RunConfig:
             del d["replicas"], d["router"]
         if self.tile is None:     # keep the config.json of untiled runs as it was
             del d["tile"]
+        if self.goodput:
+            d["goodput"] = dict(self.goodput)
+        else:                     # keep the config.json of runs without SLOs as it was
+            del d["goodput"]
         if self.preset is None:   # keep the config.json of runs without a preset as it was
             del d["preset"], d["engine_overrides"]
             d["engine_config"] = engine_config_record(self.engine_config)
@@ -160,7 +168,9 @@ def config_from_record(record: dict) -> RunConfig:
             seed=int(record["seed"]), tile=record.get("tile"), engine_config=EngineConfig(**engine), predictor_options=PredictorOptions(**options),
             charge_cost=bool(record.get("charge_cost", True)), preset=record.get("preset"),
             engine_overrides=tuple(sorted((record.get("engine_overrides") or {}).items())),
-            replicas=int(record.get("replicas", 1)), router=record.get("router", DEFAULT_ROUTER))
+            replicas=int(record.get("replicas", 1)), router=record.get("router", DEFAULT_ROUTER),
+            goodput=tuple((k, float(v)) for k, v in parse_goodput(
+                [f"{k}:{v}" for k, v in (record.get("goodput") or {}).items()]).items()))
     except KeyError as exc:
         raise ValueError(f"config.json has no {exc.args[0]!r}") from None
     except TypeError as exc:
@@ -373,6 +383,7 @@ def execute(prepared: Prepared) -> tuple[dict, RunResult]:
     cfg = prepared.config
     summary = summarize(
         result,
+        slos=dict(cfg.goodput),
         trace=prepared.resolved["trace_name"],
         predictor=cfg.predictor,
         policy=cfg.policy,

@@ -27,7 +27,7 @@ def _cache(tmp_path_factory, monkeypatch):
 
 @pytest.mark.parametrize("kernel", ["reference", "compiled"])
 def test_eight_requests_finish_when_worked_out_by_hand(tmp_path, capsys, kernel):
-    assert main([*FLAGS, "--kernel", kernel, "--out", str(tmp_path)]) == 0
+    assert main([*FLAGS, "--kernel", kernel, "--out", str(tmp_path), "--wide"]) == 0   # mean e2e is in --wide
     out = capsys.readouterr().out
     finish = {run: pq.read_table(tmp_path / f"{run}-recorded-seed0" / "requests.parquet")
               .column("finish_s").to_pylist() for run in ("none-fcfs", "oracle-countdown")}

@@ -66,10 +66,17 @@ def test_tiny_serving_run(tmp_path):
     out.parent.mkdir()
     r = _serve(["--requests", "6", "--force-lengths", "--max-length", "16", "--arrivals", "poisson",
                 "--rate", "3", "--threads", CPU, "--max-resident", "8", "--kv-space-gib", "1",
-                "--probe-every", "2", "--seed", "1", "--out", str(out)], tmp_path / "cache")
+                "--probe-every", "2", "--seed", "1", "--out", str(out), "--goodput", "e2el:600000",
+                "--save-result", str(tmp_path / "bench.json")], tmp_path / "cache")
     assert r.returncode == 0, r.stderr[-2000:]
     trace, rows, steps = _read(out)
     assert len(rows) == 6
+    saved = json.loads((tmp_path / "bench.json").read_text())   # the field's terms (live.serve_metrics)
+    assert saved["completed"] == 6 and saved["request_rate"] == 3 and saved["request_goodput"] > 0
+    gaps = [b - a for x in rows for a, b in zip(x["token_times_s"], x["token_times_s"][1:])]
+    assert saved["mean_itl_ms"] == pytest.approx(sum(gaps) / len(gaps) * 1000)   # every gap, exactly
+    assert saved["mean_ttft_ms"] == pytest.approx(sum(x["ttft_s"] for x in rows) / 6 * 1000)
+    assert "TPOT ms mean / median / p90 / p99: " in r.stderr and "goodput" in r.stderr
     import pyarrow.parquet as pq
 
     src = {x["request_id"]: x for x in pq.read_table(SOURCE).slice(0, 6).to_pylist()}
@@ -191,7 +198,8 @@ def _csv(tmp_path, text):
 
 @pytest.mark.parametrize("case", ["load_without_capacity", "kv_cap", "csv_no_column", "csv_bad_values",
                                   "length_over_max_model_len", "leap_without_readout", "slots_over_resident",
-                                  "vllm_scheduler_with_policy", "resume_measure"])
+                                  "vllm_scheduler_with_policy", "resume_measure", "goodput_bad",
+                                  "goodput_without_a_run", "save_result_folder"])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, case, monkeypatch, capsys):
     from live.serve import main
 
@@ -213,7 +221,12 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, case, monkeypatch, capsy
         "vllm_scheduler_with_policy": ["--scheduler", "vllm", "--policy", "countdown", "--predictor", "oracle",
                                        "--arrivals", "poisson", "--rate", "1"],
         "resume_measure": ["--capacity", "measure", "--arrivals", "poisson", "--load", "1x", "--resume"],
+        "goodput_bad": ["--arrivals", "poisson", "--rate", "1", "--goodput", "ttft:soon"],
+        "goodput_without_a_run": ["--capacity", "measure", "--goodput", "ttft:100"],
+        "save_result_folder": ["--arrivals", "poisson", "--rate", "1", "--save-result", str(tmp_path)],
     }[case]
+    if case == "goodput_without_a_run":
+        base = [x for x in base if x not in ("--out", str(out))]
     assert main([*base, *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("leap-serve: error:"), err

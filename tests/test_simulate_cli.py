@@ -95,7 +95,7 @@ def test_azure_arrivals_and_unit_engine(capsys):
 def test_table_output(capsys):
     assert main(["--trace", TRACE, "--requests", "100", "--predictor", "oracle", "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "mean PTL" in out and "oracle" in out and "countdown" in out
+    assert "mean NL" in out and "oracle" in out and "countdown" in out
 
 
 @pytest.mark.parametrize("args, message", [
