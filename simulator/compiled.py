@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import functools
 import heapq
+import multiprocessing
+import os
 import sys
 
 import numpy as np
@@ -86,7 +88,7 @@ def unsupported(sim) -> str | None:
     """Why the compiled kernel cannot replay ``sim`` exactly (None: it can). Reads what the policy,
     predictor and profile declare (``compiled_form``, ``static_estimates``, ``compiled_coefficients``)."""
     if load_kernel() is None:
-        return "numba is not installed (or does not load)"
+        return "numba is missing or fails to load"
     form = sim.policy.compiled_form()
     if form is None:
         from policies import POLICIES
@@ -121,10 +123,17 @@ def profile_coefficients(profile) -> tuple[int, np.ndarray, np.ndarray]:
     return _PROFILE_FORMS[form], ints, floats
 
 
+#: Set by a command that has said every fallback of its runs itself (``simulate`` checks them all
+#: before it starts workers): its worker processes inherit it and stay quiet, so a note shows once.
+NOTED_ENV = "LEAP_KERNEL_FALLBACKS_NOTED"
+
+
 @functools.cache
 def note_fallback(reason: str) -> None:
     """Say once per process and reason that ``--kernel compiled`` ran the reference engine."""
-    print(f"--kernel compiled: {reason}; this run uses the reference engine", file=sys.stderr)
+    if multiprocessing.parent_process() is not None and os.environ.get(NOTED_ENV) == "1":
+        return
+    print(f"--kernel compiled: {reason}; uses the reference engine", file=sys.stderr)
 
 
 class CompiledRun:

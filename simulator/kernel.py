@@ -23,7 +23,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import multiprocessing
 import os
+import sys
 from pathlib import Path
 
 from policies.aging import KEY_SCALE, SCORE_FLOOR
@@ -170,6 +172,29 @@ def numba_cache_folder() -> str:
     return os.path.join(numba_cache_base(), f"kernel-{digest.hexdigest()[:12]}")
 
 
+#: Said once, on stderr, before numba compiles the kernel (a silent half-minute looked like a hang).
+COMPILE_NOTE = "note: compiling the simulator kernel once (numba, about 30 CPU-s); then cached"
+
+
+def kernel_cached() -> bool:
+    """Whether numba's cache already holds the kernel's step loop for these sources."""
+    return any(Path(numba_cache_folder()).rglob("kernel._run_steps-*.nbi"))
+
+
+@functools.cache
+def announce_compile() -> None:
+    """Say :data:`COMPILE_NOTE` once per command: from its main process only (sweep workers are
+    started by it, which has said it already or loads from the cache), and only when numba is
+    there and the cache lacks the kernel."""
+    if multiprocessing.parent_process() is not None or kernel_cached():
+        return
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return
+    print(COMPILE_NOTE, file=sys.stderr, flush=True)
+
+
 @functools.lru_cache(maxsize=1)
 def load_kernel():
     """The jitted step function, or None without numba. Imported on first use, so reference runs
@@ -185,6 +210,7 @@ def load_kernel():
         import numba
     except ImportError:
         return None
+    announce_compile()
     jit = numba.njit(nogil=True, cache=True, _nrt=False)
     modules = [importlib.import_module(m) for m in KERNEL_MODULES]
     saved, numba.config.CACHE_DIR = numba.config.CACHE_DIR, numba_cache_folder()   # read when jitted
