@@ -38,6 +38,7 @@ from predictors.base import PredictorOptions
 from simulator.compiled import DEFAULT_KERNEL, KERNELS, NOTED_ENV, note_fallback, unsupported
 from simulator.config import check_decode_slots
 from simulator.engine import EngineConfig
+from simulator.kernel import announce_compile
 from simulator.profiles import DEFAULT_PROFILE, PROFILES, is_profile_name
 from simulator.runner import MAX_SEED, NO_PREDICTOR, PRESETS, RunConfig, code_hash, config_from_record, prepare
 from simulator.workload import ArrivalSpec
@@ -319,10 +320,10 @@ def _check_out(out: Path, run_dirs: list[Path], created: list[Path]) -> None:
 
 
 def _note_kernel(sim) -> None:
-    """Here, once per reason, before any worker starts: the compiled kernel's first compile, or why
-    a run uses the reference engine (workers would say it once each)."""
+    """Here, once per reason, before any worker starts: why a run uses the reference engine
+    (workers would say it once each)."""
     if sim.kernel == "compiled":
-        reason = unsupported(sim)   # loads the kernel: says when it compiles first
+        reason = unsupported(sim)
         if reason is not None:
             note_fallback(reason)
 
@@ -365,6 +366,8 @@ def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int
         _check_out(args.out, run_dirs, created if created is not None else [])
         for folder in {args.out, *run_dirs}:   # left by a killed earlier run of this output
             remove_stale_temps(folder)
+    if any(c.kernel == "compiled" for c in configs):
+        announce_compile()   # here, before workers start: a first compile takes half a minute
     show_progress = not args.quiet and not args.json and sys.stderr.isatty()
     if show_progress:
         from rich.progress import Progress

@@ -50,7 +50,7 @@ import numpy as np
 
 from predictors.base import Known
 from simulator.compiled_log import fill_step_log, no_log, with_room
-from simulator.kernel import load_kernel
+from simulator.kernel import announce_compile, load_kernel
 from simulator.kernel_estimates import C_CPU_PER_PREDICTION, C_CPU_SPENT, C_TAP_FRACTION, load_publishing_kernel
 from simulator.kernel_layout import (
     AFTER_STEP,
@@ -260,6 +260,7 @@ class CompiledRun:
         if self.online is not None:
             return advance_online(self, max_steps, self.online)
         if self.publishing is None:
+            announce_compile()   # once: the first call compiles unless numba's cache holds it
             return int(load_kernel()(max_steps, *self.kernel_args))
         estimates, cost = self.publishing
         cost[C_CPU_SPENT] = self.driver.cpu_s

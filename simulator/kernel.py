@@ -183,10 +183,10 @@ def kernel_cached() -> bool:
 
 @functools.cache
 def announce_compile() -> None:
-    """Say :data:`COMPILE_NOTE` once per command: from its main process only (sweep workers are
-    started by it, which has said it already or loads from the cache), and only when numba is
-    there and the cache lacks the kernel."""
-    if multiprocessing.parent_process() is not None or kernel_cached():
+    """Say :data:`COMPILE_NOTE` once per command, to a terminal (as the progress bar: logs and
+    pipes stay as they were), from its main process only (``simulate`` says it before starting
+    sweep workers), and only when numba is there and its cache lacks the kernel."""
+    if not sys.stderr.isatty() or multiprocessing.parent_process() is not None or kernel_cached():
         return
     try:
         import numba  # noqa: F401
@@ -210,7 +210,6 @@ def load_kernel():
         import numba
     except ImportError:
         return None
-    announce_compile()
     jit = numba.njit(nogil=True, cache=True, _nrt=False)
     modules = [importlib.import_module(m) for m in KERNEL_MODULES]
     saved, numba.config.CACHE_DIR = numba.config.CACHE_DIR, numba_cache_folder()   # read when jitted

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import sys
 
 import pytest
 
@@ -26,6 +27,10 @@ def test_first_compile_is_announced_once_in_one_short_line(tmp_path, monkeypatch
     pytest.importorskip("numba")
     monkeypatch.setattr(kernel, "numba_cache_folder", lambda: str(tmp_path))
     kernel.announce_compile()
+    assert capsys.readouterr().err == ""   # not a terminal: logs and pipes stay as they were
+    kernel.announce_compile.cache_clear()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    kernel.announce_compile()
     kernel.announce_compile()
     err = capsys.readouterr().err
     assert err == kernel.COMPILE_NOTE + "\n" and len(kernel.COMPILE_NOTE) <= 79
@@ -35,6 +40,7 @@ def test_no_compile_note_when_cached_or_in_a_worker(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(kernel, "numba_cache_folder", lambda: str(tmp_path))
     (tmp_path / "simulator_x").mkdir()
     (tmp_path / "simulator_x" / "kernel._run_steps-98.py311.nbi").write_bytes(b"")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     kernel.announce_compile()
     (tmp_path / "simulator_x" / "kernel._run_steps-98.py311.nbi").unlink()
     kernel.announce_compile.cache_clear()
