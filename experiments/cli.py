@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from core.arrivals import parse_load
-from core.checks import bounded_int, output_path, split_list
+from core.checks import bounded_int, check_decode_slots, output_path, split_list
 from core.errors import OneLineParser, UsageError, run_command
 from core.io import remove_stale_temps
 from core.trace import TraceError, bundled_trace_names, load_trace
@@ -36,7 +36,6 @@ from policies import POLICIES
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
 from simulator.compiled import DEFAULT_KERNEL, KERNELS, NOTED_ENV, note_fallback, unsupported
-from simulator.config import check_decode_slots
 from simulator.engine import EngineConfig
 from simulator.kernel import announce_compile
 from simulator.profiles import DEFAULT_PROFILE, PROFILES, is_profile_name

@@ -20,11 +20,11 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from core.checks import check_decode_slots
 from live.common import LiveConfigError
 from policies import POLICIES
 from predictors import NO_PREDICTOR
 from predictors.live import ARRIVAL_PREDICTORS, LIVE_PREDICTORS, NOT_LIVE
-from simulator.config import check_decode_slots
 
 CONFIG_KEY = "leap_live"
 SCHEDULER_CLS = "live.scheduler.LeapScheduler"

@@ -13,14 +13,6 @@ MAX_ENGINE_SEQS = 65536
 MAX_TOKEN_BUDGET = 2**31 - 1
 
 
-def check_decode_slots(decode_slots: int, max_resident: int, error: type[Exception] = ValueError) -> None:
-    """The one rule that ``simulate`` and the live scheduler refuse alike: a decode slot needs a
-    resident request. (The engine itself accepts more slots than residents: they just stay idle.)"""
-    if decode_slots > max_resident:
-        raise error(f"decode-slots ({decode_slots}) cannot exceed max-resident ({max_resident}): "
-                    "only resident requests decode")
-
-
 @dataclass(frozen=True)
 class EngineConfig:
     """Engine limits (defaults: the paper's vLLM setup)."""
