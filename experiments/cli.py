@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from core.arrivals import parse_load
-from core.checks import bounded_int, output_path, split_list
+from core.checks import bounded_int, check_decode_slots, output_path, split_list
 from core.errors import OneLineParser, UsageError, run_command
 from core.io import remove_stale_temps
 from core.trace import TraceError, bundled_trace_names, load_trace
@@ -37,9 +37,10 @@ from policies import POLICIES
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
 from routers import DEFAULT_ROUTER, MAX_REPLICAS, ROUTERS
-from simulator.compiled import DEFAULT_KERNEL, KERNELS
+from simulator.compiled import DEFAULT_KERNEL, KERNELS, NOTED_ENV, note_fallback, unsupported
 from simulator.config import KV_BLOCKS_FROM_PROFILE, MAX_TOKEN_BUDGET
 from simulator.engine import EngineConfig
+from simulator.kernel import announce_compile
 from simulator.profiles import DEFAULT_PROFILE, PROFILES, is_profile_name
 from simulator.runner import MAX_SEED, NO_PREDICTOR, PRESETS, RunConfig, code_hash, config_from_record, prepare
 from simulator.workload import ArrivalSpec
@@ -252,9 +253,9 @@ def _configs(args) -> list[RunConfig]:
         else:
             loads = [parse_load(x) for x in split_list("--load", args.load if args.load is not None else DEFAULT_LOAD)]
         explicit = {field: getattr(args, flag) for flag, field in ENGINE_FLAGS.items() if getattr(args, flag) is not None}
-        if explicit.get("decode_slots", 0) > explicit.get("max_resident", explicit.get("decode_slots", 0)):
-            raise UsageError(f"--decode-slots {args.decode_slots} is above --max-resident {args.max_resident}: "
-                             "a decode slot needs a resident request (as leap-serve refuses)")
+        if not args.preset and ("decode_slots" in explicit or "max_resident" in explicit):
+            given = EngineConfig(**explicit)   # the defaults count: --decode-slots 600 is above 512
+            check_decode_slots(given.decode_slots, given.max_resident)
         runs = len(loads) * len(predictors) * len(policies) * args.seeds
         if runs > MAX_RUNS:
             raise UsageError(f"{runs:,} runs planned (--seeds x --load x --predictor x --policy); at most {MAX_RUNS:,}")
@@ -336,6 +337,15 @@ def _check_out(out: Path, run_dirs: list[Path], created: list[Path]) -> None:
         raise UsageError(f"--out {out}: folder is not writable")
 
 
+def _note_kernel(sim) -> None:
+    """Here, once per reason, before any worker starts: why a run uses the reference engine
+    (workers would say it once each)."""
+    if sim.kernel == "compiled":
+        reason = unsupported(sim)
+        if reason is not None:
+            note_fallback(reason)
+
+
 def _remove_empty(folders: list[Path]) -> None:
     """Remove the folders of this list that are empty, deepest first (what a failed run made)."""
     for path in sorted(folders, key=lambda p: len(p.parts), reverse=True):
@@ -365,14 +375,18 @@ def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int
     for config in configs:   # every input checked (and capacity cached) before anything runs or is written
         prepared = prepare(config)
         decode_slots = prepared.simulation.config.decode_slots
+        _note_kernel(prepared.simulation)
         if in_process:
             checked.append(prepared)
+    os.environ[NOTED_ENV] = "1"   # every fallback is said above: worker processes stay quiet
     single = checked or None
     if args.out is not None:
         run_dirs = [args.out] if len(configs) == 1 else [args.out / run_slug(c) for c in configs]
         _check_out(args.out, run_dirs, created if created is not None else [])
         for folder in {args.out, *run_dirs}:   # left by a killed earlier run of this output
             remove_stale_temps(folder)
+    if any(c.kernel == "compiled" for c in configs):
+        announce_compile()   # here, before workers start: a first compile takes half a minute
     show_progress = not args.quiet and not args.json and sys.stderr.isatty()
     if show_progress:
         from rich.progress import Progress

@@ -20,7 +20,7 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise ValueError("plots need matplotlib: pip install 'leap-sched[plots]'") from None
+        raise ValueError("plots need matplotlib: pip install -e '.[plots]' (from the checkout)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

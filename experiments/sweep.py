@@ -182,7 +182,7 @@ def _ray_run(configs, outs, todo, results, on_done, stats):
     try:
         import ray
     except ImportError:
-        raise ValueError("--executor ray needs Ray: pip install 'leap-sched[ray]'") from None
+        raise ValueError("--executor ray needs Ray: pip install -e '.[ray]' (from the checkout)") from None
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=False,

@@ -1,24 +1,32 @@
-"""leap-serve calibrate: measure this host's step profile on a designed grid of step shapes.
+"""leap-serve calibrate: measure this host's step profile on a designed grid of
+step shapes.
 
-    leap-serve calibrate --threads 1 --out traces/live/calibration/today         # full grid, ~2-3 min
+    leap-serve calibrate --threads 1 \\
+        --out traces/live/calibration/today            # full grid, ~2-3 min
     leap-serve calibrate --threads 1 --check traces/live/calibration/today \\
-        --out traces/live/calibration/RUN.check                                  # host-speed check, < 30 s
-    simulate ... --engine fitted:traces/live/calibration/today.calibration.json  # profile fitted on it
+        --out traces/live/calibration/RUN.check      # host-speed check, < 30 s
+    simulate ... \\
+        --engine fitted:traces/live/calibration/today.calibration.json
+                                                       # profile fitted on it
 
-Why: a profile fitted on a serving run's own steps only covers the shapes that run produced
-(mostly full 16-decode steps at 1.3x) and carries that session's host speed, so it extrapolates
-badly to other loads and cannot tell a slow host from a wrong model. The calibration drives the
-same engine (vLLM CPU, the model and engine settings of ``scripts/live_runs.sh``) through
-*cells*: a set of synthetic requests (random token ids, forced lengths) submitted at given engine
-steps, so each cell produces a known run of step shapes: decode batches 1..max_resident at short
-and long contexts, prefill chunks alone and beside running decodes. Every step's time, composition
-and the drift probe are recorded as a steps table (the ``fitted`` profile's columns plus
-``host_gap_s``, ``cell``, ``cell_step``), with the engine settings and the quiet probe in a JSON
-file beside it (``NAME.calibration.parquet`` + ``NAME.calibration.json``).
+Why: a profile fitted on a serving run's own steps only covers the shapes that
+run produced (mostly full 16-decode steps at 1.3x) and carries that session's
+host speed, so it extrapolates badly to other loads and cannot tell a slow host
+from a wrong model. The calibration drives the same engine (vLLM CPU, the model
+and engine settings of ``scripts/live_runs.sh``) through *cells*: a set of
+synthetic requests (random token ids, forced lengths) submitted at given engine
+steps, so each cell produces a known run of step shapes: decode batches
+1..max_resident at short and long contexts, prefill chunks alone and beside
+running decodes. Every step's time, composition and the drift probe are
+recorded as a steps table (the ``fitted`` profile's columns plus
+``host_gap_s``, ``cell``, ``cell_step``), with the engine settings and the
+quiet probe in a JSON file beside it (``NAME.calibration.parquet`` +
+``NAME.calibration.json``).
 
-A *check* (``--check CALIBRATION``) runs a few cells of the same grid and reports
-``speed_vs_calibration``: the median over its steps of step time / the calibration's time for the
-same cell step (same composition), a pure host-speed ratio with no model in between.
+A *check* (``--check CALIBRATION``) runs a few cells of the same grid and
+reports ``speed_vs_calibration``: the median over its steps of step time / the
+calibration's time for the same cell step (same composition), a pure host-speed
+ratio with no model in between.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from core.checks import check_decode_slots
 from live.common import LiveConfigError
 from policies import POLICIES
 from predictors import NO_PREDICTOR
@@ -91,9 +92,7 @@ class LiveSchedulerConfig:
                 raise LiveConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
         if isinstance(self.wait_cap, bool) or not isinstance(self.wait_cap, int) or self.wait_cap < 0:
             raise LiveConfigError(f"wait-cap must be an integer >= 0, got {self.wait_cap!r}")
-        if self.decode_slots > self.max_resident:
-            raise LiveConfigError(f"decode-slots ({self.decode_slots}) cannot exceed max-resident "
-                                  f"({self.max_resident}): only resident requests decode")
+        check_decode_slots(self.decode_slots, self.max_resident, LiveConfigError)
         if self.policy != "fcfs" and self.predictor == NO_PREDICTOR:
             raise LiveConfigError(f"policy {self.policy!r} needs a predictor "
                                   f"({', '.join(n for n in LIVE_PREDICTORS if n != NO_PREDICTOR)})")

@@ -1,30 +1,36 @@
-"""leap-serve: an online (open-loop) serving run of vLLM, recorded as a serving trace.
+"""leap-serve: an online (open-loop) serving run of vLLM, recorded as a serving
+trace.
 
-    leap-serve --from traces/lmsys.parquet --requests 200 --force-lengths --max-length 128 \\
-        --max-resident 64 --threads 1 --capacity measure                  # measure + cache capacity
-    leap-serve --from traces/lmsys.parquet --requests 200 --force-lengths --max-length 128 \\
-        --max-resident 64 --threads 1 --arrivals poisson --load 0.8x --out traces/live/lmsys-0.8x.parquet
+    leap-serve --from traces/lmsys.parquet --requests 200 --force-lengths \\
+        --max-length 128 --max-resident 64 --threads 1 \\
+        --capacity measure                          # measure + cache capacity
+    leap-serve --from traces/lmsys.parquet --requests 200 --force-lengths \\
+        --max-length 128 --max-resident 64 --threads 1 --arrivals poisson \\
+        --load 0.8x --out traces/live/lmsys-0.8x.parquet
 
-Requests are the first N (or a seeded sample) of a recorded trace, re-tokenized from the trace's
-prompt source (or its prompt_text) with the serving model's chat template and checked against the
-recorded prompt_tokens. They arrive by a Poisson process (``--load`` x the measured live capacity,
-or ``--rate``) or at the timestamps of a CSV, and are submitted to vLLM's step loop as the clock
-passes their arrival time. ``--force-lengths`` makes each request generate exactly its recorded
-output length (ignore_eos, min_tokens = max_tokens = L), so that the real run and its simulation
-serve identical work.
+Requests are the first N (or a seeded sample) of a recorded trace, re-tokenized
+from the trace's prompt source (or its prompt_text) with the serving model's
+chat template and checked against the recorded prompt_tokens. They arrive by a
+Poisson process (``--load`` x the measured live capacity, or ``--rate``) or at
+the timestamps of a CSV, and are submitted to vLLM's step loop as the clock
+passes their arrival time. ``--force-lengths`` makes each request generate
+exactly its recorded output length (ignore_eos, min_tokens = max_tokens = L),
+so that the real run and its simulation serve identical work.
 
-Capacity: the live saturated throughput of this workload on this engine setting (all requests
-queued at t = 0, completions per second until fewer than ``--max-resident`` remain), cached in
-``$LEAP_CACHE_DIR/live_capacity.json`` keyed by the workload and the engine settings but not the
-policy, so the loads of every policy's runs are multiples of one (FCFS) capacity.
+Capacity: the live saturated throughput of this workload on this engine setting
+(all requests queued at t = 0, completions per second until fewer than
+``--max-resident`` remain), cached in ``$LEAP_CACHE_DIR/live_capacity.json``
+keyed by the workload and the engine settings but not the policy, so the loads
+of every policy's runs are multiples of one (FCFS) capacity.
 
-Resume after a crash (``--resume``): finished requests are kept (parts folder, as in recording);
-an open-loop run's timing cannot be continued, so the unfinished requests are served again as a
-new run segment whose schedule keeps their planned offsets, shifted so that the first of them
-arrives at once. The segment is the ``run`` column of the request and steps tables and
-``serving.segments`` in the metadata; times within a segment share one clock, and arrival_s /
-wall_start_s are shifted back onto the planned time axis (segments overlap in time there).
-Compare real and simulated runs per segment.
+Resume after a crash (``--resume``): finished requests are kept (parts folder,
+as in recording); an open-loop run's timing cannot be continued, so the
+unfinished requests are served again as a new run segment whose schedule keeps
+their planned offsets, shifted so that the first of them arrives at once. The
+segment is the ``run`` column of the request and steps tables and
+``serving.segments`` in the metadata; times within a segment share one clock,
+and arrival_s / wall_start_s are shifted back onto the planned time axis
+(segments overlap in time there). Compare real and simulated runs per segment.
 """
 
 from __future__ import annotations

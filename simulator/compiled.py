@@ -42,13 +42,15 @@ from __future__ import annotations
 
 import functools
 import heapq
+import multiprocessing
+import os
 import sys
 
 import numpy as np
 
 from predictors.base import Known
 from simulator.compiled_log import fill_step_log, no_log, with_room
-from simulator.kernel import DEFAULT_RULE, load_kernel
+from simulator.kernel import DEFAULT_RULE, announce_compile, load_kernel
 from simulator.kernel_estimates import C_CPU_PER_PREDICTION, C_CPU_SPENT, C_TAP_FRACTION, load_publishing_kernel
 from simulator.kernel_layout import (
     AFTER_STEP,
@@ -86,7 +88,7 @@ def unsupported(sim) -> str | None:
     """Why the compiled kernel cannot replay ``sim`` exactly (None: it can). Reads what the policy,
     predictor and profile declare (``compiled`` with ``why_not``, ``compiled_form``, ``compiled_coefficients``)."""
     if load_kernel() is None:
-        return "numba is not installed (or does not load)"
+        return "numba is missing or fails to load"
     if sim.config.kv_bounded:
         return "KV blocks (--kv-blocks) are not compiled yet"
     policy, p = sim.policy, sim.predictor
@@ -121,10 +123,17 @@ def profile_coefficients(profile) -> tuple[int, np.ndarray, np.ndarray]:
     return _PROFILE_FORMS[form], ints, floats
 
 
+#: Set by a command that has said every fallback of its runs itself (``simulate`` checks them all
+#: before it starts workers): its worker processes inherit it and stay quiet, so a note shows once.
+NOTED_ENV = "LEAP_KERNEL_FALLBACKS_NOTED"
+
+
 @functools.cache
 def note_fallback(reason: str) -> None:
     """Say once per process and reason that ``--kernel compiled`` ran the reference engine."""
-    print(f"--kernel compiled: {reason}; this run uses the reference engine", file=sys.stderr)
+    if multiprocessing.parent_process() is not None and os.environ.get(NOTED_ENV) == "1":
+        return
+    print(f"--kernel compiled: {reason}; uses the reference engine", file=sys.stderr)
 
 
 class CompiledRun:
@@ -250,6 +259,7 @@ class CompiledRun:
         if self.online is not None:
             return advance_online(self, max_steps, self.online)
         if self.publishing is None:
+            announce_compile()   # once: the first call compiles unless numba's cache holds it
             return int(load_kernel(self.rule)(max_steps, *self.kernel_args))
         estimates, cost = self.publishing
         cost[C_CPU_SPENT] = self.driver.cpu_s

@@ -23,7 +23,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import multiprocessing
 import os
+import sys
 import types
 from pathlib import Path
 
@@ -175,6 +177,29 @@ def numba_cache_folder(rule: str = DEFAULT_RULE) -> str:
     digest = hashlib.sha256(repr(compiled_in).encode())
     digest.update(_kernel_sources(rule))
     return os.path.join(numba_cache_base(), f"kernel-{digest.hexdigest()[:12]}")
+
+
+#: Said once, on stderr, before numba compiles the kernel (a silent half-minute looked like a hang).
+COMPILE_NOTE = "note: compiling the simulator kernel once (numba, about 30 CPU-s); then cached"
+
+
+def kernel_cached() -> bool:
+    """Whether numba's cache already holds the kernel's step loop for these sources."""
+    return any(Path(numba_cache_folder()).rglob("kernel._run_steps-*.nbi"))
+
+
+@functools.cache
+def announce_compile() -> None:
+    """Say :data:`COMPILE_NOTE` once per command, to a terminal (as the progress bar: logs and
+    pipes stay as they were), from its main process only (``simulate`` says it before starting
+    sweep workers), and only when numba is there and its cache lacks the kernel."""
+    if not sys.stderr.isatty() or multiprocessing.parent_process() is not None or kernel_cached():
+        return
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return
+    print(COMPILE_NOTE, file=sys.stderr, flush=True)
 
 
 @functools.cache

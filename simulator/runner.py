@@ -145,6 +145,14 @@ class RunConfig:
         return d
 
 
+def _int_field(record: dict, key: str) -> int:
+    """An integer field of a config.json; a wrong type names the key (not int()'s bare message)."""
+    try:
+        return int(record[key])
+    except (TypeError, ValueError):
+        raise ValueError(f"key {key!r} must be an integer, got {record[key]!r}") from None
+
+
 def config_from_record(record: dict) -> RunConfig:
     """The :class:`RunConfig` a run's ``config.json`` was written from (``simulate --config``): the
     same fields give the same bytes. Refuses a record that is not a run configuration, and a trace
@@ -155,6 +163,11 @@ def config_from_record(record: dict) -> RunConfig:
     if unknown_keys:   # a typo or another version's field would otherwise be dropped unseen
         raise ValueError(f"unknown key(s) {', '.join(map(repr, unknown_keys))} (this version writes "
                          "and reads no such field)")
+    for key, kind in (("load", (int, float)), ("requests", int), ("tile", int)):   # null or a number
+        value = record.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            raise ValueError(f"key {key!r} must be {'a number' if key == 'load' else 'an integer'} or null, "
+                             f"got {value!r}")
     try:
         options = dict(record.get("predictor_options") or {})
         known = {f.name for f in fields(PredictorOptions)}
@@ -165,7 +178,7 @@ def config_from_record(record: dict) -> RunConfig:
         config = RunConfig(
             trace=record["trace"], predictor=record["predictor"], policy=record["policy"], engine=record["engine"],
             load=record["load"], arrivals=ArrivalSpec.parse(record["arrivals"]), requests=record.get("requests"),
-            seed=int(record["seed"]), tile=record.get("tile"), engine_config=EngineConfig(**engine), predictor_options=PredictorOptions(**options),
+            seed=_int_field(record, "seed"), tile=record.get("tile"), engine_config=EngineConfig(**engine), predictor_options=PredictorOptions(**options),
             charge_cost=bool(record.get("charge_cost", True)), preset=record.get("preset"),
             engine_overrides=tuple(sorted((record.get("engine_overrides") or {}).items())),
             replicas=int(record.get("replicas", 1)), router=record.get("router", DEFAULT_ROUTER),

@@ -463,7 +463,7 @@ def test_without_numba_compiled_runs_the_reference(monkeypatch, capsys):
                        kernel="reference")
     _, ref = execute(prepare(config))
     _, comp = execute(prepare(dataclasses.replace(config, kernel="compiled")))
-    assert "--kernel compiled: numba is not installed (or does not load); this run uses the reference engine" \
+    assert "--kernel compiled: numba is missing or fails to load; uses the reference engine" \
         in capsys.readouterr().err
     assert_identical(ref, comp)
 

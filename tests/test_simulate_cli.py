@@ -205,7 +205,7 @@ def test_ray_executor_matches_local(capsys):
     try:
         import ray  # noqa: F401
     except ImportError as exc:
-        pytest.skip(f"Ray is not installed here ({exc}); `pip install 'leap-sched[ray]'` enables this test")
+        pytest.skip(f"Ray is not installed here ({exc}); `pip install -e '.[ray]'` in the checkout enables this test")
     args = ["--trace", TRACE, "--requests", "150", "--predictor", "none,oracle", "--load", "1.5x", "--json"]
     assert main([*args, "--executor", "ray"]) == 0
     on_ray = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
