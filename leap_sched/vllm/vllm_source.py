@@ -74,11 +74,11 @@ def _resolve(src: Source, module: str, name: str, depth: int = 0) -> tuple[str, 
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == name:
             return module, node
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            for alias in node.names:
+    for imp in ast.walk(tree):
+        if isinstance(imp, ast.ImportFrom):
+            for alias in imp.names:
                 if (alias.asname or alias.name) == name:
-                    origin = _absolute(module, node, src)
+                    origin = _absolute(module, imp, src)
                     if origin.split(".")[0] == "vllm":
                         return _resolve(src, origin, alias.name, depth + 1)
     return None
@@ -116,9 +116,9 @@ def _members(cls: ast.ClassDef) -> set[str]:
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names.add(node.target.id)
-    for node in ast.walk(cls):
-        targets = node.targets if isinstance(node, ast.Assign) else \
-            [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+    for sub in ast.walk(cls):
+        targets = sub.targets if isinstance(sub, ast.Assign) else \
+            [sub.target] if isinstance(sub, (ast.AnnAssign, ast.AugAssign)) else []
         for t in targets:
             if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
                 names.add(t.attr)
