@@ -119,6 +119,7 @@ def test_good_settings_print_the_serve_command_and_what_it_runs(readout_path):
     assert "leap_live" not in r.stdout and "live.scheduler" not in r.stdout
     # vLLM's KV page: 2 (K and V) x block x KV heads x head dim x dtype bytes, per layer
     assert (flags["--dtype"], flags["--block-size"]) == ("float32", "128")
+    assert flags["--shutdown-timeout"] == "60"                  # SIGTERM drains in-flight requests
     assert out["model"]["kv_blocks"] == 2 * 2**30 // (2 * 128 * 3 * 64 * 4 * 30) == 364
     assert out["serve_env"] == {"VLLM_CPU_KVCACHE_SPACE": "2"}
     assert out["serve_command"].startswith("VLLM_CPU_KVCACHE_SPACE=2 python -m vllm.entrypoints.openai.api_server ")

@@ -213,3 +213,54 @@ def test_kill_9_of_the_engine_core_answers_every_client_and_ends_the_server(tmp_
     finally:
         server.stop()
     assert not group_members(server.pgid), group_members(server.pgid)
+
+
+
+def sigterm_under_load(tmp_path, shutdown_timeout: int, tokens: int) -> tuple[dict[str, str], float]:
+    """SIGTERM to the API server while 4 streaming and 4 non-streaming requests run (all decoding):
+    each client's outcome (``finished`` or what it saw) and the seconds from the signal to the exit."""
+    cfg = LiveSchedulerConfig(policy="countdown", predictor="oracle", max_resident=8, decode_slots=8, wait_cap=0)
+    server = Server(cfg, tmp_path / f"sigterm-{shutdown_timeout}.log", ("--shutdown-timeout", str(shutdown_timeout)))
+    outcome: dict[str, str] = {}
+    try:
+        server.wait_ready()
+
+        async def load(client):
+            async def one(i: int, streaming: bool):
+                try:
+                    await (stream(client, completion(tokens, i)) if streaming else complete(client, completion(tokens, i)))
+                    outcome[f"{'stream' if streaming else 'plain'} {i}"] = "finished"
+                except Exception as e:  # noqa: BLE001 -- recorded: what the client saw
+                    outcome[f"{'stream' if streaming else 'plain'} {i}"] = f"{type(e).__name__} {str(e)[:60]}"
+
+            tasks = [asyncio.create_task(one(i, i % 2 == 0)) for i in range(8)]
+            await asyncio.sleep(3.0)                                   # sent and decoding
+            server.proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            await asyncio.wait(tasks, timeout=90)
+            return signalled
+
+        signalled = run(load, server, timeout_s=45.0)
+        server.proc.wait(timeout=120)
+        exited = time.monotonic() - signalled
+    finally:
+        server.stop()
+    assert not group_members(server.pgid), group_members(server.pgid)
+    print(f"SIGTERM, --shutdown-timeout {shutdown_timeout}: exit {server.proc.returncode} {exited:.1f} s after; "
+          f"{json.dumps(outcome, sort_keys=True)}")
+    return outcome, exited
+
+
+def test_sigterm_under_load_with_the_printed_drain_answers_every_client(tmp_path):
+    """``check`` prints ``--shutdown-timeout 60``: in-flight streaming and non-streaming requests finish."""
+    outcome, exited = sigterm_under_load(tmp_path, 60, tokens=40)
+    assert outcome == {f"{kind} {i}": "finished" for i in range(8) for kind in ["plain" if i % 2 else "stream"]}
+    assert exited < 60 + 30
+
+
+@pytest.mark.slow
+def test_sigterm_under_load_with_vllms_default_abort(tmp_path):
+    """vLLM's default (``--shutdown-timeout 0``, abort), recorded: no client is answered before its own
+    45 s timeout, and the server still exits, leaving no process (docs/serving.md)."""
+    outcome, _ = sigterm_under_load(tmp_path, 0, tokens=120)      # none can finish before the signal
+    assert len(outcome) == 8 and not any(v == "finished" for v in outcome.values()), outcome

@@ -48,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="admit FCFS even with an arrival-stage predictor (oracle, ssjf)")
     ap.add_argument("--kv-cache-gib", type=float, required=True,
                     help="KV cache space in GiB (cpu: VLLM_CPU_KVCACHE_SPACE, whole GiB; gpu: --kv-cache-memory-bytes)")
+    ap.add_argument("--shutdown-timeout", type=int, default=60,
+                    help="seconds a SIGTERM lets in-flight requests finish (vLLM's --shutdown-timeout; 0: abort them)")
     ap.add_argument("--platform", choices=PLATFORMS, default="cpu",
                     help="cpu: the vllm-cpu build (python -m form); gpu: vllm serve")
     ap.add_argument("--dtype", default="float32")
@@ -69,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         facts = cfg.check_model(args.model, kv_cache_gib=args.kv_cache_gib, dtype=args.dtype,
                                 block_size=args.block_size)
         launch = {"launcher": PLATFORMS[args.platform], "kv_cache_gib": args.kv_cache_gib, "dtype": args.dtype,
-                  "block_size": args.block_size}
+                  "block_size": args.block_size, "shutdown_timeout_s": args.shutdown_timeout}
+        if args.shutdown_timeout < 0:
+            raise LiveConfigError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
         env = serve_env(args.kv_cache_gib, launcher=launch["launcher"])
     except LiveConfigError as e:
         print(f"live: {e}", file=sys.stderr)

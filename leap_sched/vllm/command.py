@@ -70,10 +70,13 @@ def serve_env(kv_cache_gib: float | None, *, launcher: str = "vllm") -> dict[str
 
 
 def serve_argv(cfg: LiveSchedulerConfig, model: str, *, launcher: str = "vllm", kv_cache_gib: float | None = None,
-               dtype: str | None = None, block_size: int | None = None) -> list[str]:
+               dtype: str | None = None, block_size: int | None = None,
+               shutdown_timeout_s: int | None = None) -> list[str]:
     """argv of a served vLLM scheduling with ``cfg`` (``launcher``: "vllm" -> ``vllm serve``, "module"
     -> ``python -m vllm.entrypoints.openai.api_server``); ``kv_cache_gib``, ``dtype`` and
-    ``block_size``, when given, are what the KV capacity was checked with."""
+    ``block_size``, when given, are what the KV capacity was checked with; ``shutdown_timeout_s``
+    (vLLM's ``--shutdown-timeout``): on SIGTERM, finish in-flight requests for up to this long
+    (vLLM's default 0 aborts them and leaves their clients unanswered: docs/serving.md)."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher {launcher!r}: one of {', '.join(LAUNCHERS)}")
     model = model_arg(model)
@@ -88,13 +91,17 @@ def serve_argv(cfg: LiveSchedulerConfig, model: str, *, launcher: str = "vllm", 
         argv += ["--block-size", str(block_size)]
     if kv_cache_gib is not None and launcher == "vllm":
         argv += ["--kv-cache-memory-bytes", str(int(kv_cache_gib * 2**30))]
+    if shutdown_timeout_s is not None:
+        argv += ["--shutdown-timeout", str(shutdown_timeout_s)]
     argv += ["--additional-config", json.dumps({CONFIG_KEY: leap_settings(cfg)}, separators=(",", ":"))]
     return argv
 
 
 def serve_command(cfg: LiveSchedulerConfig, model: str, *, launcher: str = "vllm", kv_cache_gib: float | None = None,
-                  dtype: str | None = None, block_size: int | None = None) -> str:
+                  dtype: str | None = None, block_size: int | None = None,
+                  shutdown_timeout_s: int | None = None) -> str:
     """The shell command: the environment prefix (``NAME=value``), then the argv, quoted for a POSIX shell."""
     env = serve_env(kv_cache_gib, launcher=launcher)
-    argv = serve_argv(cfg, model, launcher=launcher, kv_cache_gib=kv_cache_gib, dtype=dtype, block_size=block_size)
+    argv = serve_argv(cfg, model, launcher=launcher, kv_cache_gib=kv_cache_gib, dtype=dtype, block_size=block_size,
+                      shutdown_timeout_s=shutdown_timeout_s)
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(argv)])
