@@ -260,7 +260,7 @@ def test_sigterm_under_load_with_the_printed_drain_answers_every_client(tmp_path
 
 @pytest.mark.slow
 def test_sigterm_under_load_with_vllms_default_abort(tmp_path):
-    """vLLM's default (``--shutdown-timeout 0``, abort), recorded: no client is answered before its own
-    45 s timeout, and the server still exits, leaving no process (docs/serving.md)."""
+    """vLLM's default (``--shutdown-timeout 0``, abort), recorded: no request finishes, every client
+    is answered (an error, or its own 45 s timeout), the server exits, leaving no process (docs/serving.md)."""
     outcome, _ = sigterm_under_load(tmp_path, 0, tokens=120)      # none can finish before the signal
     assert len(outcome) == 8 and not any(v == "finished" for v in outcome.values()), outcome
