@@ -62,3 +62,12 @@ def test_the_current_gpu_release_holds_every_member(tmp_path):
     src = Source(wheel)
     assert src.version().startswith(CURRENT_RELEASE.removesuffix("*"))
     assert check_source(src) == {name: [] for _, name, _ in internals.relied_on()}
+
+
+def test_cli_bad_source_is_one_line_exit_2(tmp_path, capsys):
+    from leap_sched.vllm.vllm_source import main
+
+    assert main(["--source", str(tmp_path)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.strip().splitlines() == [
+        f"vllm_source: --source {tmp_path}: neither a wheel nor a folder holding vllm/__init__.py"]

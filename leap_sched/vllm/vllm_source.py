@@ -34,6 +34,12 @@ class SourceError(ValueError):
     """Bad input: one line, exit 2."""
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message):          # one line, exit 2 (the project's bad-input rule)
+        print(f"vllm_source: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
 class Source:
     """vLLM's Python sources: a wheel (read as a zip) or a folder holding the ``vllm`` package."""
 
@@ -169,7 +175,7 @@ def download(spec: str, cache: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     from core.io import cache_dir
 
-    ap = argparse.ArgumentParser(prog="python -m leap_sched.vllm.vllm_source", description=__doc__.splitlines()[0])
+    ap = _OneLineParser(prog="python -m leap_sched.vllm.vllm_source", description=__doc__.splitlines()[0])
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--vllm", help="a version spec to download from PyPI, e.g. '0.33.*'")
     where.add_argument("--source", type=Path, help="a vLLM wheel, or a folder holding the vllm package")
