@@ -51,6 +51,13 @@ def server_factory(tmp_path):
         servers.append(s)
         return s
 
+    def start_command(command: str, name: str, cwd, extra: str = ""):
+        s = Server.from_command(command, tmp_path / f"{name}.log", cwd, extra)
+        servers.append(s)
+        return s
+
+    start.command = start_command
+
     yield start
     for s in servers:
         s.stop()

@@ -102,17 +102,41 @@ def test_bad_settings_exit_2_with_one_line(case, tmp_path, readout_path):
     assert want in r.stderr
 
 
-def test_good_settings_print_engine_args(readout_path):
+def test_good_settings_print_the_serve_command_and_what_it_runs(readout_path):
+    """One truth: the JSON names the classes, ``leap`` settings and KV facts the printed command runs."""
     if not HAVE_MODEL:
         pytest.skip(f"needs the model at {MODEL}")
-    r = _cli("--model", str(MODEL), "--kv-cache-gib", "1", "--readout", str(readout_path),
-             "--max-resident", "64", "--decode-slots", "16")
+    r = _cli("--model", str(MODEL), "--kv-cache-gib", "2", "--readout", str(readout_path),
+             "--max-resident", "64", "--decode-slots", "4")
     assert r.returncode == 0, r.stderr
-    args = json.loads(r.stdout)["engine_args"]
-    assert args["scheduler_cls"] == "live.scheduler.LeapScheduler"
-    assert args["worker_extension_cls"] == "live.worker_ext.LiveExt"
-    assert args["max_num_seqs"] == 64 and args["enforce_eager"] is True
-    assert args["additional_config"]["leap_live"]["decode_slots"] == 16
+    out = json.loads(r.stdout)
+    argv = out["serve_argv"]
+    flags = {a: b for a, b in zip(argv, argv[1:]) if a.startswith("--") and not b.startswith("--")}
+    assert out["scheduler_cls"] == flags["--scheduler-cls"] == "leap_sched.vllm.Scheduler"
+    assert out["worker_extension_cls"] == flags["--worker-extension-cls"] == "leap_sched.vllm.WorkerExtension"
+    assert out["executor"] == flags["--distributed-executor-backend"] == "leap_sched.vllm.Executor"
+    assert json.loads(flags["--additional-config"])["leap"]["decode_slots"] == out["leap"]["decode_slots"] == 4
+    assert "leap_live" not in r.stdout and "live.scheduler" not in r.stdout
+    # vLLM's KV page: 2 (K and V) x block x KV heads x head dim x dtype bytes, per layer
+    assert (flags["--dtype"], flags["--block-size"]) == ("float32", "128")
+    assert flags["--shutdown-timeout"] == "60"                  # SIGTERM drains in-flight requests
+    assert out["model"]["kv_blocks"] == 2 * 2**30 // (2 * 128 * 3 * 64 * 4 * 30) == 364
+    assert out["serve_env"] == {"VLLM_CPU_KVCACHE_SPACE": "2"}
+    assert out["serve_command"].startswith("VLLM_CPU_KVCACHE_SPACE=2 python -m vllm.entrypoints.openai.api_server ")
+    gpu = json.loads(_cli("--model", str(MODEL), "--kv-cache-gib", "2", "--readout", str(readout_path),
+                          "--platform", "gpu", "--dtype", "bfloat16", "--block-size", "16").stdout)
+    assert gpu["serve_env"] == {} and gpu["serve_argv"][:2] == ["vllm", "serve"]
+    assert gpu["serve_argv"][gpu["serve_argv"].index("--kv-cache-memory-bytes") + 1] == str(2 * 2**30)
+    assert gpu["model"]["kv_blocks"] == 2 * 2**30 // (2 * 16 * 3 * 64 * 2 * 30)
+
+
+@pytest.mark.skipif(not HAVE_MODEL, reason=f"needs the model's config.json at {MODEL}")
+def test_cpu_kv_size_in_whole_gib(tmp_path):
+    r = _cli("--model", str(MODEL), "--kv-cache-gib", "1.5", "--predictor", "oracle", "--max-resident", "8",
+             "--decode-slots", "2")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == ("live: --kv-cache-gib 1.5: vLLM's CPU build takes whole GiB "
+                                "(VLLM_CPU_KVCACHE_SPACE); pass an integer >= 1")
 
 
 def test_config_round_trips_and_refuses_in_process():

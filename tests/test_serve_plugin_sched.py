@@ -50,6 +50,21 @@ def test_serve_command_names_the_namespaced_classes_and_the_settings():
     assert module.startswith("python -m vllm.entrypoints.openai.api_server --model M --max-num-seqs 8 ")
 
 
+def test_serve_command_carries_the_kv_size_and_absolute_paths(tmp_path, monkeypatch):
+    """The command starts as printed from any folder: the KV size travels in it, paths are absolute."""
+    cfg = LiveSchedulerConfig(policy="countdown", predictor="oracle", max_resident=8, decode_slots=2)
+    (tmp_path / "model").mkdir()
+    monkeypatch.chdir(tmp_path)
+    cpu = serve_command(cfg, "model", launcher="module", kv_cache_gib=3, dtype="float32", block_size=128)
+    assert cpu.startswith(f"VLLM_CPU_KVCACHE_SPACE=3 python -m vllm.entrypoints.openai.api_server --model "
+                          f"{tmp_path / 'model'} ")
+    assert " --dtype float32 --block-size 128 " in cpu and "--kv-cache-memory-bytes" not in cpu
+    gpu = serve_argv(cfg, "org/hub-model", kv_cache_gib=1.5)
+    assert gpu[:3] == ["vllm", "serve", "org/hub-model"]               # a hub id stays as given
+    assert gpu[gpu.index("--kv-cache-memory-bytes") + 1] == str(3 * 2**29)
+    assert serve_command(cfg, "org/hub-model").startswith("vllm serve org/hub-model ")   # no KV size: no prefix
+
+
 def test_hook_predictors_get_the_worker_extension_and_eager_mode(tmp_path):
     import numpy as np
 

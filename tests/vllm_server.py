@@ -36,9 +36,7 @@ class Server:
     """One ``vllm serve`` in its own process group, its output in ``log``."""
 
     def __init__(self, cfg: LiveSchedulerConfig, log: Path, extra: tuple[str, ...] = ()):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         argv = serve_argv(cfg, str(MODEL), launcher="module")
         argv[0] = sys.executable
         at = argv.index("--additional-config") + 1       # one stats line per busy period: its totals
@@ -47,10 +45,32 @@ class Server:
                  "--max-num-batched-tokens", "512", "--enforce-eager", "--no-enable-prefix-caching", *extra]
         env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                    VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        self._start(argv, env, log, cwd=None)
+
+    @classmethod
+    def from_command(cls, command: str, log: Path, cwd: Path, extra: str = "") -> Server:
+        """Start exactly ``command`` (a shell command line, e.g. the one ``leap_sched.vllm.check``
+        prints) with ``bash -c`` in ``cwd``, on 127.0.0.1 and a free port (appended, with ``extra``).
+        The environment stands in for an installed checkout: this checkout importable, the venv's
+        ``python`` first on PATH, offline, one thread; no KV size, so only the command can set it."""
+        self = cls.__new__(cls)
+        self.port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+        env.update(PYTHONPATH=str(ROOT), PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        self._start(["bash", "-c", f"{command} --host 127.0.0.1 --port {self.port} {extra}"], env, log, cwd=cwd)
+        return self
+
+    def _start(self, argv: list[str], env: dict, log: Path, cwd: Path | None) -> None:
         self.log = log
         self._out = open(log, "wb")
-        self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                     start_new_session=True)
         self.pgid = self.proc.pid
+
+    def get(self, path: str) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=30) as r:
+            return json.loads(r.read())
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -100,6 +120,12 @@ class Server:
             if time.monotonic() > deadline:
                 raise AssertionError(f"no log line matches {pattern!r}:\n{self.tail()}")
             time.sleep(0.2)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def group_members(pgid: int) -> list[int]:

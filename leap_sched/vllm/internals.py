@@ -2,9 +2,11 @@
 
 vLLM's scheduler interface is not public ("compatibility may not be maintained", its own warning),
 so the plugin runs only on versions it was tested on (``TESTED_VLLM``) and, on those or any other,
-only when every member below exists. An untested version is refused with one line; set
-``"allow_untested_vllm": true`` in the ``leap`` additional config, or the environment variable
-``LEAP_ALLOW_UNTESTED_VLLM=1``, to try it anyway (the members are still checked).
+only when every member below exists and every method below takes the parameters the plugin passes.
+An untested version is refused with one line; set ``"allow_untested_vllm": true`` in the ``leap``
+additional config, or the environment variable ``LEAP_ALLOW_UNTESTED_VLLM=1``, to try it anyway
+(the members are still checked). The same table is checked against a vLLM release's own sources
+without installing or importing it (``leap_sched.vllm.vllm_source``: the GPU release, in CI).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import re
 
 from live.common import LiveConfigError
 
-#: vLLM versions the plugin's tests ran against (tests/test_serve_plugin.py).
+#: vLLM versions the plugin's tests ran against (tests/test_serve_plugin.py): only what ran, installed.
 TESTED_VLLM = ("0.32.0",)
 OVERRIDE_ENV = "LEAP_ALLOW_UNTESTED_VLLM"
 OVERRIDE_KEY = "allow_untested_vllm"
@@ -37,6 +39,25 @@ MODEL_RUNNER_FIELDS = ("input_batch", "query_start_loc", "model", "model_config"
 INPUT_BATCH_FIELDS = ("req_ids", "num_reqs", "num_prompt_tokens", "num_computed_tokens_cpu")
 #: ``vllm.v1.executor.uniproc_executor.UniProcExecutor``: the executor the plugin extends.
 EXECUTOR_MEMBERS = ("_init_executor", "collective_rpc", "execute_model", "driver_worker")
+
+#: (module, class, the name of its member tuple above): where each relied-on class lives.
+CLASSES = (("vllm.v1.request", "Request", "REQUEST_FIELDS"),
+           ("vllm.v1.core.sched.scheduler", "Scheduler", "SCHEDULER_MEMBERS"),
+           ("vllm.v1.core.sched.output", "SchedulerOutput", "SCHEDULER_OUTPUT_FIELDS"),
+           ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "MODEL_RUNNER_FIELDS"),
+           ("vllm.v1.worker.gpu_input_batch", "InputBatch", "INPUT_BATCH_FIELDS"),
+           ("vllm.v1.executor.uniproc_executor", "UniProcExecutor", "EXECUTOR_MEMBERS"))
+#: Parameters the plugin passes (by name or position) to vLLM methods it overrides and calls through.
+SIGNATURES = {("Scheduler", "_free_request"): ("request", "delay_free_blocks"),
+              ("Scheduler", "add_request"): ("request",),
+              ("Scheduler", "update_from_output"): ("scheduler_output", "model_runner_output"),
+              ("UniProcExecutor", "execute_model"): ("scheduler_output", "non_block"),
+              ("UniProcExecutor", "collective_rpc"): ("method", "args")}
+
+
+def relied_on() -> list[tuple[str, str, tuple[str, ...]]]:
+    """(module, class, members) for every relied-on class (read at call time: tests plant a member)."""
+    return [(module, cls, globals()[names]) for module, cls, names in CLASSES]
 
 
 def installed_version() -> str:
@@ -63,18 +84,19 @@ def _defines(cls: type, name: str) -> bool:
 
 
 def missing_internals() -> list[str]:
-    """``Class.member`` for every relied-on member the installed vLLM lacks (empty when all exist)."""
-    from vllm.v1.core.sched.output import SchedulerOutput
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.executor.uniproc_executor import UniProcExecutor
-    from vllm.v1.request import Request
-    from vllm.v1.worker.gpu_input_batch import InputBatch
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    """``Class.member`` for every relied-on member the installed vLLM lacks, and ``Class.method(param)``
+    for every parameter one of its methods no longer takes (empty when all hold)."""
+    import importlib
 
-    groups = ((Request, REQUEST_FIELDS), (Scheduler, SCHEDULER_MEMBERS), (SchedulerOutput, SCHEDULER_OUTPUT_FIELDS),
-              (GPUModelRunner, MODEL_RUNNER_FIELDS), (InputBatch, INPUT_BATCH_FIELDS),
-              (UniProcExecutor, EXECUTOR_MEMBERS))
-    return [f"{cls.__name__}.{name}" for cls, names in groups for name in names if not _defines(cls, name)]
+    missing = []
+    for module, name, members in relied_on():
+        cls = getattr(importlib.import_module(module), name)
+        missing += [f"{name}.{member}" for member in members if not _defines(cls, member)]
+        for (owner, method), params in SIGNATURES.items():
+            if owner == name and hasattr(cls, method):
+                taken = inspect.signature(getattr(cls, method)).parameters
+                missing += [f"{name}.{method}({p})" for p in params if p not in taken]
+    return missing
 
 
 def check_vllm(leap_settings: dict | None) -> None:

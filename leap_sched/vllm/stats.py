@@ -5,7 +5,10 @@ interval by default) and once whenever the engine turns idle:
 
     leap_sched: countdown/leap-rls, 2 of 8 decode: 131 steps, 8 finished (8 estimated by the hook,
     0 on the prior), 96 decodes held back, 3 forced by the wait cap, ordering 0.21 ms median /
-    0.90 ms max (0.8% of step time), RLS updates 4 published
+    0.90 ms max (0.8% of step time), RLS updates 4 published, 0 requests held
+
+("N requests held": the requests in the scheduler's own per-request state, 0 once the engine is
+idle: finished, aborted and disconnected requests all leave it)
 
 and, from the RLS thread, one line per published update (``leap_sched: RLS update 3 published ...``).
 The per-step lists the scheduler keeps (``leap_stats()``, ``leap_requests()``) are consumed here
@@ -92,4 +95,4 @@ class StatsLog:
         stats = scheduler.leap_predictor_stats()
         if "updates_published" in stats:
             text += f", RLS updates {stats['updates_published']} published"
-        return text
+        return text + f", {len(scheduler._leap_req)} requests held"
