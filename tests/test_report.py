@@ -26,6 +26,7 @@ def old_report(tmp_path) -> Path:
     return out
 
 
+@pytest.mark.timeout(1200)   # 521 s measured at load average 15 on two cores (about a minute alone)
 def test_report_runs_end_to_end(tmp_path, monkeypatch, old_report, capsys):
     pytest.importorskip("matplotlib", reason="the report draws figures with matplotlib")
     monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path / "cache"))
