@@ -108,6 +108,10 @@ class Section:
     title: str
     experiments: list[Experiment] = field(default_factory=list)
     render: Callable[[dict[str, list[dict]]], str] = lambda rows: ""   # rows by experiment -> Markdown
+    #: a skipped section: why, and the experiments it would have written, whose results tables the
+    #: previous report keeps (a missing input never deletes a committed result)
+    skipped: str = ""
+    keeps: tuple[str, ...] = ()
 
 
 class Report:
@@ -167,12 +171,16 @@ class Report:
                         seen.add(key)
                         prepare(config)
 
-    def execute(self, sections: list[Section], stage: Path, work: Path, progress: Progress) -> list[str]:
-        """Runs go to ``work`` (scratch); results tables, figures and the report to ``stage``."""
+    def execute(self, sections: list[Section], stage: Path, work: Path, progress: Progress,
+                previous: Path | None = None) -> list[str]:
+        """Runs go to ``work`` (scratch); results tables, figures and the report to ``stage``. A
+        skipped section's results tables are carried over from ``previous`` (the old report/)."""
         self.stage, self.work = stage, work
         self.figures.mkdir(parents=True, exist_ok=True)
         texts = []
         for section in sections:
+            if section.skipped:
+                progress.note(self.keep_skipped(section, previous))
             rows = {}
             for experiment in section.experiments:
                 n = len(experiment.configs)
@@ -184,6 +192,17 @@ class Report:
                 progress.say(section.title)
             texts.append(section.render(rows))
         return texts
+
+    def keep_skipped(self, section: Section, previous: Path | None) -> str:
+        """Copies the skipped section's tables from the previous report; the console line saying so."""
+        kept = []
+        for name in section.keeps:
+            source = previous / name if previous is not None else None
+            if source is not None and source.is_dir():
+                shutil.copytree(source, self.figures / name)
+                kept.append(f"report/{name}/")
+        held = f"kept {', '.join(kept)} from the previous report" if kept else "no previous results to keep"
+        return f"{section.skipped}; {held}"
 
     def run(self, experiment: Experiment, on_done) -> list[dict]:
         """Runs go to a scratch folder; only the results table is kept beside the report."""
@@ -225,7 +244,8 @@ class Report:
     def table4(self, load: float) -> Section:
         domains = [t for t in ("alpaca", "math", "multilingual") if t in self.traces]
         if "lmsys" not in self.traces or not domains:
-            return Section("", render=lambda rows: (
+            return Section("", skipped="Table 4 analogue skipped: needs lmsys and a served trace",
+                           keeps=tuple(f"table4-{t}" for t in ("alpaca", "math", "multilingual")), render=lambda rows: (
                 "## Table 4 analogue\n\nSkipped: needs the recorded `lmsys` trace and at least one "
                 "of `alpaca`, `math`, `multilingual` in traces/.\n"))
         experiments = []
@@ -287,7 +307,8 @@ class Report:
         preds = [p for p in ("trail", "leap") if p in PREDICTORS and self.runnable(trace, p)]
         t = load_trace(trace)
         if not preds or t.decode_path is None:
-            return Section("", render=lambda rows: (
+            return Section("", skipped="Table 2 analogue skipped: needs a decode side table and leap/trail",
+                           keeps=("table2",), render=lambda rows: (
                 "## Table 2 analogue\n\nSkipped: needs a serving trace with a decode side table and "
                 "the `leap`/`trail` predictors.\n"))
         configs = [self.config(trace, p, "countdown", load, refresh=r) for p in preds for r in (False, True)]
@@ -338,7 +359,8 @@ class Report:
         if azure_csv is None or not azure_csv.is_file():
             note = (f"## Azure 2023 arrivals\n\nSkipped: {AZURE_CONV.as_posix()} not found in the "
                     f"shared data folder (${DATA_DIR_ENV} or ../shared/data).\n")
-            return Section("", render=lambda rows: note)
+            return Section("", skipped=f"Azure section skipped: {AZURE_CONV.as_posix()} not found", keeps=("azure",),
+                           render=lambda rows: note)
         trace = self.serving_trace()
         preds = [p for p in ["leap", "leap-rls", "oracle"] if p in PREDICTORS and self.runnable(trace, p)]
         arrivals = ArrivalSpec("csv", azure_csv)
@@ -433,7 +455,7 @@ def _report(argv: list[str]) -> int:
             stage = Path(tempfile.mkdtemp(prefix=".leap-report-", dir=args.out))
             work = Path(tempfile.mkdtemp(prefix="leap-report-"))
             progress = Progress(sum(len(e.configs) for s in sections for e in s.experiments))
-            texts = report.execute(sections, stage, work, progress)
+            texts = report.execute(sections, stage, work, progress, previous=args.out / "report")
             command = "leap-report" + (f" --requests {args.requests}" if args.requests else "")
             report.write(stage, command, texts)
             move_into_place(stage, args.out)

@@ -28,6 +28,13 @@ class Progress:
             self.stream.write(line + "\n")
         self.stream.flush()
 
+    def note(self, text: str) -> None:
+        """A line that stays (a skipped section), not overwritten by the next progress line."""
+        self.say(text)
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
     def run_finished(self, experiment: str, i: int, n: int) -> None:
         self.done += 1
         self.say(f"{experiment} run {i}/{n} ({self.done}/{self.total} in all)")

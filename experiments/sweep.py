@@ -10,9 +10,11 @@ is redone), and a later sweep into the same ``--out`` reuses it when its stored 
 equals the planned run's resolved configuration (trace and arrival content hashes, settings,
 seed, code hash), so rerunning an interrupted command finishes only the missing runs.
 
-Streaming: with ``--out``, the tidy ``results.parquet``/``results.csv`` are rewritten (atomically,
-at most once a second, and once at the end or on a stop) from the runs finished so far, in
-configuration order, so a stopped or killed sweep leaves a valid partial table.
+Streaming: with ``--out``, the tidy ``results.parquet``/``results.csv`` are rewritten (atomically)
+after every finished run, in configuration order, and only then is that run's ``summary.json``
+written (by the sweep's own process, not the worker): so a stopped or even killed (``kill -9``)
+sweep leaves a valid table that lists every complete run folder (and at most one more: the run
+being marked when it was killed, which a rerun redoes).
 
 Shipping: on Ray, the driver loads each trace once and puts it in the object store; a worker
 process fetches it once (cached by content hash) and reuses it for every run it gets, instead of
@@ -28,7 +30,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import contextmanager
@@ -95,9 +96,10 @@ def completed_summary(config: RunConfig, target: str | Path, prepared: Prepared 
 
 
 def run_one(config: RunConfig, out: str | None = None, prepared: Prepared | None = None,
-            trace: Trace | None = None) -> dict:
+            trace: Trace | None = None, mark: bool = True) -> dict:
     """Prepare (unless given; from ``trace`` when the caller has loaded it), run, optionally write
-    the run's files; returns its summary."""
+    the run's files; returns its summary. ``mark``: write ``summary.json`` (the mark of a complete
+    run) too; a streaming sweep marks its runs itself, once its results table holds them."""
     prepared = prepared if prepared is not None else prepare(config, trace=trace)
     if out is not None:   # an old summary must not vouch for files being replaced
         (Path(out) / SUMMARY_FILE).unlink(missing_ok=True)
@@ -107,8 +109,14 @@ def run_one(config: RunConfig, out: str | None = None, prepared: Prepared | None
         target.mkdir(parents=True, exist_ok=True)
         atomic_write_parquet(target / "requests.parquet", requests_table(result))
         atomic_write_json(target / CONFIG_FILE, prepared.resolved)
-        atomic_write_json(target / SUMMARY_FILE, simulated_only(summary))
+        if mark:
+            mark_complete(target, summary)
     return summary
+
+
+def mark_complete(target: Path, summary: dict) -> None:
+    """The run folder's ``summary.json``, written last: its presence marks a complete run."""
+    atomic_write_json(target / SUMMARY_FILE, simulated_only(summary))
 
 
 def _worker_init(parent_pid: int) -> None:
@@ -159,7 +167,7 @@ def _signals_ignored():
 _SHIPPED: dict[str, Trace] = {}
 
 
-def _run_shipped(config: RunConfig, out: str | None, key: str, box: list) -> tuple[dict, bool]:
+def _run_shipped(config: RunConfig, out: str | None, key: str, box: list, mark: bool) -> tuple[dict, bool]:
     """A Ray task: the run, from the shipped trace (fetched once per worker process; the ref comes
     in a list so that Ray does not fetch it for every task). Returns (summary, fetched here)."""
     fetched = key not in _SHIPPED
@@ -168,7 +176,7 @@ def _run_shipped(config: RunConfig, out: str | None, key: str, box: list) -> tup
 
         _SHIPPED.clear()
         _SHIPPED[key] = ray.get(box[0])
-    return run_one(config, out, trace=_SHIPPED[key]), fetched
+    return run_one(config, out, trace=_SHIPPED[key], mark=mark), fetched
 
 
 def ship_form(trace: Trace) -> Trace:
@@ -178,7 +186,7 @@ def ship_form(trace: Trace) -> Trace:
                  content_hash=trace.content_hash, steps=trace.steps, decode_path=trace.decode_path)
 
 
-def _ray_run(configs, outs, todo, results, on_done, stats):
+def _ray_run(configs, outs, todo, results, on_done, stats, mark):
     try:
         import ray
     except ImportError:
@@ -195,7 +203,7 @@ def _ray_run(configs, outs, todo, results, on_done, stats):
             if configs[i].trace not in shipped:
                 trace = load_trace(configs[i].trace)
                 shipped[configs[i].trace] = (trace.content_hash, [ray.put(ship_form(trace))])
-        refs = [remote.remote(configs[i], outs[i], *shipped[configs[i].trace]) for i in todo]
+        refs = [remote.remote(configs[i], outs[i], *shipped[configs[i].trace], mark) for i in todo]
         index = {ref: i for ref, i in zip(refs, todo)}
         pending = list(refs)
         stats["traces_shipped"] = len(shipped)
@@ -220,17 +228,17 @@ def _ray_run(configs, outs, todo, results, on_done, stats):
                 ray.shutdown()
 
 
-def _local_run(configs, outs, todo, results, jobs, on_done):
+def _local_run(configs, outs, todo, results, jobs, on_done, mark):
     if jobs <= 1 or len(todo) <= 1:
         for i in todo:
-            results[i] = run_one(configs[i], outs[i])
+            results[i] = run_one(configs[i], outs[i], mark=mark)
             on_done(i)
         return
     before = set(multiprocessing.active_children())
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), initializer=_worker_init,
                                initargs=(os.getpid(),))
     try:
-        futures = {pool.submit(run_one, configs[i], outs[i]): i for i in todo}
+        futures = {pool.submit(run_one, configs[i], outs[i], mark=mark): i for i in todo}
         pending = set(futures)
         while pending:
             done, pending = wait(pending, timeout=SIGNAL_POLL_S, return_when=FIRST_COMPLETED)
@@ -270,19 +278,17 @@ def _stderr(message: str) -> None:
 class ResultsStream:
     """The tidy results table of a sweep kept current while it runs: each finished run's summary
     goes in, and ``results.parquet``/``results.csv`` are rewritten atomically (the finished runs in
-    configuration order, relative changes among them) at most every ``interval_s`` and on
-    :meth:`flush`, so a sweep stopped or killed at any moment leaves a valid partial table."""
+    configuration order, relative changes among them) at once, before the run is marked complete,
+    so a sweep stopped or killed at any moment leaves a valid table listing every complete run."""
 
-    def __init__(self, out: Path, interval_s: float = 1.0):
-        self.out, self.interval_s = out, interval_s
+    def __init__(self, out: Path):
+        self.out = out
         self.finished: dict[int, dict] = {}
         self.written = 0          # runs in the table on disk
-        self._last = 0.0
 
     def add(self, index: int, summary: dict) -> None:
         self.finished[index] = summary
-        if time.monotonic() - self._last >= self.interval_s:
-            self.flush()
+        self.flush()
 
     def flush(self) -> None:
         if not self.finished or self.written == len(self.finished):
@@ -290,7 +296,7 @@ class ResultsStream:
         summaries = [dict(self.finished[i]) for i in sorted(self.finished)]
         add_relative_changes(summaries)
         write_results(self.out, summaries)
-        self.written, self._last = len(summaries), time.monotonic()
+        self.written = len(summaries)
 
 
 def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1, executor: str = "local",
@@ -326,10 +332,12 @@ def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1
     stream = ResultsStream(out) if out is not None and len(configs) > 1 else None
     stats = stats if stats is not None else {}
 
-    def finished(i: int) -> None:
+    def finished(i: int, resumed: bool = False) -> None:
         result = results[i]
         if stream is not None and result is not None:
-            stream.add(i, result)
+            stream.add(i, result)   # the table first, then the mark: the table never lists fewer runs
+            if not resumed:
+                mark_complete(Path(cast(str, outs[i])), result)
         on_done()
 
     try:
@@ -343,25 +351,29 @@ def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1
                     notify(f"skipped {skipped} of {len(configs)} runs already complete in {out} (same config)")
                     for i, r in enumerate(results):
                         if r is not None:
-                            finished(i)
+                            finished(i, resumed=True)
             todo = [i for i, r in enumerate(results) if r is None]
+            mark = stream is None   # else finished() marks each run once the table holds it
             if executor == "ray":
-                _ray_run(configs, outs, todo, results, finished, stats)
+                _ray_run(configs, outs, todo, results, finished, stats, mark)
             elif runs is not None:
                 for i in todo:
                     run, runs[i] = runs[i], None   # released once run: its predictor's state is spent
-                    results[i] = run_one(configs[i], outs[i], run)
+                    results[i] = run_one(configs[i], outs[i], run, mark=mark)
                     finished(i)
             else:
-                _local_run(configs, outs, todo, results, jobs, finished)
+                _local_run(configs, outs, todo, results, jobs, finished, mark)
             if stream is not None:
                 stream.flush()
     except (KeyboardInterrupt, Stopped) as stop:
         signum = stop.signum if isinstance(stop, Stopped) else int(signal.SIGINT)
         with _signals_ignored():
-            _tidy_unfinished(outs, results)
             if stream is not None:
                 stream.flush()
+                for target, summary in zip(outs, results):   # stopped between the table and the mark
+                    if summary is not None and not (Path(cast(str, target)) / SUMMARY_FILE).exists():
+                        mark_complete(Path(cast(str, target)), summary)
+            _tidy_unfinished(outs, results)
         # a worker may have finished a run whose result had not reached this process yet
         done = sum(r is not None or (t is not None and (Path(t) / SUMMARY_FILE).exists())
                    for r, t in zip(results, outs))

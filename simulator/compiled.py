@@ -448,7 +448,7 @@ class CompiledRun:
 
     def step_process(self, env, progress=None):
         """The SimPy process: a chunk of compiled steps, then the simulated clock catches up."""
-        from simulator.scheduler import SimulationStalled
+        from simulator.scheduler import SimulationStalled, chunk_overrun, min_chunk
 
         n = self.table.n
         while self.finished < n:
@@ -465,6 +465,11 @@ class CompiledRun:
                 yield env.timeout(max(self.now - env.now, 0.0))
                 self.fire_due()
                 continue
+            if self.st.status and self.st.chunk_overrun:
+                row = int(self.st.partial)
+                raise SimulationStalled(chunk_overrun(
+                    self.steps, self.now, row, int(self.table.prompt[row]), int(self.table.prefilled[row]),
+                    int(self.st.carried_chunks), min_chunk(self.cfg)))
             if self.st.status and self.st.stall_ready < 0:   # kernel: a carried chunk computed nothing
                 row, before = -1 - int(self.st.stall_ready), int(self.st.stall_waiting)
                 raise SimulationStalled(

@@ -41,6 +41,8 @@ STATE = np.dtype([
     ("heap", np.int64),             # waiting rows in the admission heap
     ("contended", np.int64), ("decodes", np.int64),
     ("partial", np.int64),          # row whose prompt is partly prefilled (-1: none)
+    ("carried_chunks", np.int64),   # steps that continued it (bounded: scheduler.min_chunk)
+    ("chunk_overrun", np.int64),    # 1: it was continued more often than its prompt allows (a stall)
     ("released", np.int64),         # closed loop: rows submitted so far
     ("lru_head", np.int64), ("lru_tail", np.int64),
     ("n_rekey", np.int64),          # rows Python re-estimated since the last call (in Work.rekey)

@@ -230,6 +230,7 @@ def _prefill(t, w, s, st, b):
             n_first += 1
     if b.n_admit and chunk < t.prompt[w.admit[b.n_admit - 1]]:
         st.partial = w.admit[b.n_admit - 1]
+        st.carried_chunks = 0
     b.prefill_tokens, b.prefill_sq, b.n_first = tokens, sq, n_first
 
 
@@ -256,9 +257,16 @@ def _compose(t, w, s, st, b):
     if st.n_res > s.decode_slots or (s.ordered and st.arrived > st.n_admitted):
         st.contended += 1
     before = t.prefilled[carried] if carried >= 0 else 0
+    if chunk_c > 0:   # before _prefill, which restarts the count for a new partial row
+        st.carried_chunks += 1
     _prefill(t, w, s, st, b)
     if b.n_admit == 0 and b.n_chosen == 0 and carried >= 0 and t.prefilled[carried] <= before:
         st.stall_ready, st.stall_waiting = -1 - carried, before   # a carried chunk that computed nothing
+        return False
+    least = s.prefill_budget - (s.decode_slots if s.decodes_in_budget else 0)   # scheduler.min_chunk
+    least = least if least > 1 else 1
+    if chunk_c > 0 and st.carried_chunks > (t.prompt[carried] + least - 1) // least:
+        st.chunk_overrun = 1   # scheduler.chunk_overrun: continued more often than its prompt allows
         return False
     context, gen_sum = 0, 0
     for j in range(b.n_chosen):

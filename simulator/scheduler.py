@@ -21,7 +21,21 @@ EMPTY = np.empty(0, dtype=np.int64)
 
 
 class SimulationStalled(RuntimeError):
-    """A step with requests in the system admitted and decoded nothing: the run would never end."""
+    """A step with requests in the system admitted and decoded nothing, or a part-prefilled prompt
+    took more chunks than its length allows: the run would never end."""
+
+
+def min_chunk(config: EngineConfig) -> int:
+    """The fewest tokens a part-prefilled prompt computes in a step that continues it, unless it
+    completes there: the prefill budget less the decodes that may share it (at least 1)."""
+    return max(1, config.prefill_token_budget - (config.decode_slots if config.decodes_in_budget else 0))
+
+
+def chunk_overrun(step: int, now: float, row: int, prompt: int, prefilled: int, chunks: int, least: int) -> str:
+    """Why a run stops when a prompt has been continued more often than its length allows (both kernels)."""
+    return (f"step {step} at t={now:.6g} s: the prompt of row {row} ({prompt} tokens) is still part-prefilled "
+            f"({prefilled} computed) after {chunks} continued chunks of at least {least} tokens; at most "
+            f"{-(-prompt // least)} can be needed (a chunk forgot what was computed before it?)")
 
 
 @dataclass
@@ -54,6 +68,7 @@ class Scheduler:
         self.n_admitted = 0
         self.contended = 0        # steps in which the policy's order decided something
         self.kv = KVBlocks(table, config.kv_blocks_total, config.kv_block_size) if config.kv_bounded else None
+        self.carried_chunks = 0   # steps that continued the part-prefilled prompt (bounded: min_chunk)
 
     def idle(self, arrived: int) -> bool:
         """Nothing resident, nothing part-prefilled, nothing waiting: the engine waits for an arrival."""
@@ -89,6 +104,7 @@ class Scheduler:
         if len(ready) > cfg.decode_slots or (self.ordered_admission and arrived > self.n_admitted) or len(preempted):
             self.contended += 1
         before = int(t.prefilled[carried]) if carried >= 0 else 0
+        self.carried_chunks += carried_chunk > 0   # before _prefill, which restarts it for a new partial row
         first, prefill_tokens, prefill_sq = self._prefill(np.concatenate([readmit, admit]) if len(readmit) else admit,
                                                           budget, carried, carried_chunk)
         resumed = self.kv.completed(first) if self.kv is not None else EMPTY
@@ -99,6 +115,10 @@ class Scheduler:
             raise SimulationStalled(
                 f"step {step} at t={now:.6g} s made no progress: the part-prefilled prompt of row {carried} "
                 f"stayed at {before} of {int(t.fill[carried])} tokens, nothing admitted or decoded")
+        least = min_chunk(cfg)
+        if carried_chunk and self.carried_chunks > -(-int(t.fill[carried]) // least):
+            raise SimulationStalled(chunk_overrun(step, now, carried, int(t.fill[carried]),
+                                                  int(t.prefilled[carried]), self.carried_chunks, least))
         context = int(t.prompt[chosen].sum() + t.generated[chosen].sum())
         return Batch(chosen, n_forced, len(ready), waiting - len(admit) - len(readmit), carried, admit, first,
                      prefill_tokens, prefill_sq, context, resumed, readmit, preempted)
@@ -186,4 +206,5 @@ class Scheduler:
             t.partial = -1
         if len(admit) and chunks[-1] < prompt[admit[-1]]:
             t.partial = int(admit[-1])
+            self.carried_chunks = 0
         return first, prefill_tokens, prefill_sq

@@ -219,6 +219,87 @@ def test_a_step_that_leaves_a_carried_prompt_where_it_was_is_a_stall(monkeypatch
                    config=EngineConfig(prefill_token_budget=6, chunked_prefill=True)).run()
 
 
+#: a long prompt continued in chunks while another request decodes every step (so no step is idle and
+#: the no-progress stall never fires): a chunk that forgets the part computed before it would loop
+#: until the decoder's million tokens ran out (many minutes)
+_FORGETFUL_RUN = """
+import sys
+import numpy as np
+from policies import make_policy
+from core.trace import trace_from_arrays
+from simulator.engine import EngineConfig, Simulation
+from simulator.profiles.unit import UnitProfile
+from simulator.scheduler import SimulationStalled
+
+def run(kernel):
+    trace = trace_from_arrays("forget", [3, 20], [1_000_000, 2], arrival_s=[0.0, 0.0])
+    try:
+        Simulation(trace, np.zeros(2), policy=make_policy("fcfs"), predictor=None, profile=UnitProfile(),
+                   config=EngineConfig(prefill_token_budget=6, chunked_prefill=True), kernel=kernel).run()
+    except SimulationStalled as stalled:
+        return str(stalled)
+    return "no error"
+"""
+_OVERRUN = (r"the prompt of row 1 \(20 tokens\) is still part-prefilled \(6 computed\) after 5 continued chunks "
+            r"of at least 6 tokens; at most 4 can be needed")
+
+
+def test_a_chunk_that_forgets_earlier_chunks_fails_fast_with_a_named_stall(monkeypatch):
+    """Reference engine: the planted bug (each continued chunk starts from 0 again) stops the run at
+    the 5th continued chunk of a 20-token prompt through a 6-token budget (ceil(20/6) = 4 at most)."""
+    from simulator.scheduler import Scheduler
+
+    real = Scheduler._prefill
+
+    def forgets(self, admit, budget, carried, carried_chunk):
+        if carried >= 0:
+            self.table.prefilled[carried] = 0   # the planted bug: what earlier chunks computed is lost
+        return real(self, admit, budget, carried, carried_chunk)
+
+    monkeypatch.setattr(Scheduler, "_prefill", forgets)
+    namespace: dict = {}
+    exec(_FORGETFUL_RUN, namespace)
+    assert re_search(_OVERRUN, namespace["run"]("reference"))
+
+
+@pytest.mark.timeout(600)   # compiles the planted kernel once (about a CPU-minute)
+def test_the_compiled_kernel_bounds_continued_chunks_too(tmp_path):
+    """The same planted bug in the kernel's _prefill (kernel_steps: ``+=`` made ``=``), planted in a
+    copy of simulator/ (numba compiles source files, so it cannot be monkeypatched) and run in a fresh
+    process beside the other packages: the same named stall, from the kernel's overrun status."""
+    pytest.importorskip("numba", reason="the compiled kernel needs numba (extra `fast`)")
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    copy = tmp_path / "checkout"
+    copy.mkdir()
+    shutil.copytree(root / "simulator", copy / "simulator", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("core", "policies", "predictors", "experiments", "live", "capture", "leap_sched", "traces"):
+        if (root / package).exists():
+            (copy / package).symlink_to(root / package)
+    steps = copy / "simulator" / "kernel_steps.py"
+    source = steps.read_text()
+    correct = "        t.prefilled[carried] += chunk_c\n"
+    assert source.count(correct) == 1
+    steps.write_text(source.replace(correct, "        t.prefilled[carried] = chunk_c\n"))   # the planted bug
+    env = dict(os.environ, PYTHONPATH=str(copy), LEAP_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("NUMBA_CACHE_DIR", None)
+    done = subprocess.run([sys.executable, "-c", _FORGETFUL_RUN + "\nprint(run('compiled'))\n"], cwd=copy, env=env,
+                          capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stderr
+    assert re_search(_OVERRUN, done.stdout.strip().splitlines()[-1]), done.stdout
+
+
+def re_search(pattern: str, text: str) -> bool:
+    import re
+
+    return re.search(pattern, text) is not None
+
+
 # ------------------------------------------------------------------ the compiled kernel's rules, directly
 
 

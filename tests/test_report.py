@@ -26,6 +26,7 @@ def old_report(tmp_path) -> Path:
     return out
 
 
+@pytest.mark.timeout(1200)   # 521 s measured at load average 15 on two cores (about a minute alone)
 def test_report_runs_end_to_end(tmp_path, monkeypatch, old_report, capsys):
     pytest.importorskip("matplotlib", reason="the report draws figures with matplotlib")
     monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path / "cache"))
@@ -120,3 +121,33 @@ def test_out_blocked_fails_before_any_run(tmp_path, capsys):
     assert main(["--requests", "40", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "in the way" in err[0], err
+
+
+def test_a_skipped_section_keeps_the_committed_results(old_report, tmp_path, monkeypatch, capsys):
+    """No Azure arrivals file (no ../shared): the previous report's azure/results.* stay, byte for
+    byte, and stderr says so in one line; a section skipped with nothing to keep says that."""
+    pytest.importorskip("matplotlib", reason="the report checks for matplotlib before any run")
+    import experiments.report
+
+    azure = old_report / "report" / "azure"
+    azure.mkdir()
+    (azure / "results.csv").write_text("committed azure table\n")
+    (azure / "results.parquet").write_bytes(b"PAR1 committed")
+    empty = tmp_path / "shared-data"
+    empty.mkdir()
+    monkeypatch.setenv("LEAP_DATA_DIR", str(empty))   # a data folder without arrivals/
+    monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(experiments.report.Report, "plan", lambda self, loads, load: [self.azure(1.0)])
+    before = snapshot(azure)
+    assert main(["--requests", "20", "--out", str(old_report), "--jobs", "1"]) == 0
+    assert snapshot(old_report / "report" / "azure") == before
+    notes = [line for line in capsys.readouterr().err.splitlines() if "skipped" in line]
+    assert len(notes) == 1, notes
+    assert "Azure section skipped: arrivals/AzureLLMInferenceTrace_conv.csv not found" in notes[0]
+    assert "kept report/azure/ from the previous report" in notes[0]
+    assert "Skipped:" in (old_report / "report.md").read_text()
+
+    fresh = tmp_path / "fresh"
+    assert main(["--requests", "20", "--out", str(fresh), "--jobs", "1"]) == 0
+    assert not (fresh / "report" / "azure").exists()
+    assert "no previous results to keep" in capsys.readouterr().err

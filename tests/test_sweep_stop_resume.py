@@ -222,6 +222,30 @@ def test_parent_killed_takes_its_workers_with_it(tmp_path, launch):
     proc.communicate(timeout=HUNG_S)   # the pipes close once no worker holds them
 
 
+def test_kill_9_leaves_a_results_table_listing_every_complete_run(tmp_path, launch):
+    """kill -9 of the sweep's process (no handler runs): results.csv/parquet still list every complete
+    run folder, because the table is rewritten after each run before its summary.json marks it
+    complete (at most one more row: a run killed between the two, whose folder a rerun redoes)."""
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "sweep"
+    proc, workers = launch(out)
+    wait_for(lambda: len(list(out.glob("*/summary.json"))) >= 3, proc)   # several runs, streamed quickly
+    freeze(workers)
+    proc.kill()
+    proc.wait()
+    assert not wait_gone(workers), "workers outlived a killed parent"
+    proc.communicate(timeout=HUNG_S)
+    # (a write cut by kill -9 may leave its temporary file: nothing can remove it at that moment)
+    complete = {folder.name for folder in out.iterdir() if (folder / "summary.json").exists()}
+    assert len(complete) >= 3
+    table = pq.read_table(out / "results.parquet")
+    listed = {f"{r['predictor']}-{r['policy']}-{r['load']:g}x-seed{r['seed']}" for r in table.to_pylist()}
+    assert complete <= listed and len(listed - complete) <= 1, (sorted(complete), sorted(listed))
+    assert pacsv.read_csv(out / "results.csv").num_rows == table.num_rows
+
+
 def test_changed_config_or_incomplete_run_is_recomputed(tmp_path, capsys):
     base = ["--trace", "sharegpt-lengths", "--predictor", "none,oracle", "--requests", "120", "--jobs", "1",
             "--quiet", "--json", "--out", str(tmp_path)]
