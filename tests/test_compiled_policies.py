@@ -153,15 +153,19 @@ def test_the_kernels_aged_key_is_the_references():
 
 
 def _count_promotions(monkeypatch) -> dict:
-    """Count the reference's promotions of resident rows (decode) and waiting rows (admission)."""
+    """Count the reference's promotions of resident rows (decode) and waiting rows (admission): the
+    rows whose promoted runs left rose at a call."""
     fired = {"decode": 0, "admission": 0}
-    original = LTRStarvation._promote
+    for kind in fired:
+        original = getattr(LTRStarvation, f"{kind}_keys")
 
-    def counted(self, rows, served_seen):
-        fired["admission" if (served_seen < 0).all() else "decode"] += len(rows)
-        return original(self, rows, served_seen)
+        def counted(self, view, rows, original=original, kind=kind):
+            before = self.runs_left[rows].copy()
+            keys = original(self, view, rows)
+            fired[kind] += int((self.runs_left[rows] > before).sum())
+            return keys
 
-    monkeypatch.setattr(LTRStarvation, "_promote", counted)
+        monkeypatch.setattr(LTRStarvation, f"{kind}_keys", counted)
     return fired
 
 
