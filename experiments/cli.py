@@ -39,7 +39,7 @@ from predictors.base import PredictorOptions
 from routers import DEFAULT_ROUTER, MAX_REPLICAS, ROUTERS
 from simulator.compiled import DEFAULT_KERNEL, KERNELS, NOTED_ENV, note_fallback, unsupported
 from simulator.config import KV_BLOCKS_FROM_PROFILE, MAX_TOKEN_BUDGET
-from simulator.engine import EngineConfig
+from simulator.engine import EngineConfig, Simulation
 from simulator.kernel import announce_compile
 from simulator.profiles import DEFAULT_PROFILE, PROFILES, is_profile_name
 from simulator.runner import MAX_SEED, NO_PREDICTOR, PRESETS, RunConfig, code_hash, config_from_record, prepare
@@ -337,10 +337,10 @@ def _check_out(out: Path, run_dirs: list[Path], created: list[Path]) -> None:
         raise UsageError(f"--out {out}: folder is not writable")
 
 
-def _note_kernel(sim) -> None:
+def _note_kernel(sim, kernel: str) -> None:
     """Here, once per reason, before any worker starts: why a run uses the reference engine
-    (workers would say it once each)."""
-    if sim.kernel == "compiled":
+    (workers would say it once each; a fleet's note was said when it was prepared)."""
+    if kernel == "compiled" and isinstance(sim, Simulation):
         reason = unsupported(sim)
         if reason is not None:
             note_fallback(reason)
@@ -375,7 +375,7 @@ def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int
     for config in configs:   # every input checked (and capacity cached) before anything runs or is written
         prepared = prepare(config)
         decode_slots = prepared.simulation.config.decode_slots
-        _note_kernel(prepared.simulation)
+        _note_kernel(prepared.simulation, config.kernel)
         if in_process:
             checked.append(prepared)
     os.environ[NOTED_ENV] = "1"   # every fallback is said above: worker processes stay quiet

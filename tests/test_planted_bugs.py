@@ -229,13 +229,15 @@ from policies import make_policy
 from core.trace import trace_from_arrays
 from simulator.engine import EngineConfig, Simulation
 from simulator.profiles.unit import UnitProfile
+from simulator.runner import run_simulation
 from simulator.scheduler import SimulationStalled
 
 def run(kernel):
     trace = trace_from_arrays("forget", [3, 20], [1_000_000, 2], arrival_s=[0.0, 0.0])
     try:
-        Simulation(trace, np.zeros(2), policy=make_policy("fcfs"), predictor=None, profile=UnitProfile(),
-                   config=EngineConfig(prefill_token_budget=6, chunked_prefill=True), kernel=kernel).run()
+        sim = Simulation(trace, np.zeros(2), policy=make_policy("fcfs"), predictor=None, profile=UnitProfile(),
+                         config=EngineConfig(prefill_token_budget=6, chunked_prefill=True))
+        run_simulation(sim, kernel)
     except SimulationStalled as stalled:
         return str(stalled)
     return "no error"
