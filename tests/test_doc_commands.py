@@ -51,6 +51,14 @@ NOT_RUN = {
     "bash scripts/live_server_runs.sh": "records live runs against `vllm serve` (capture env, an hour)",
     "python -m leap_sched.vllm.check --model MODEL": "MODEL is the user's; tests/test_serve_plugin.py "
                                                     "runs the check on the bundled model",
+    "git clone ": "clones this repository: the test runs in a checkout already",
+    "bash scripts/setup_capture_env.sh": "builds the capture environment (scripts/test.sh builds it before the tests)",
+    r"(python3? -m venv \S+ && )?\. \S+/bin/activate": "activates a virtual environment the lines above made",
+    r"python -m leap_sched\.vllm\.vllm_source --vllm": "downloads vLLM's wheel (336 MB); tests/test_vllm_source.py "
+                                                        "runs the same check",
+    "python -m leap_sched.vllm.check --platform gpu --model MODEL": "a GPU operator's model; tests/test_serve_plugin.py "
+                                                                   "runs the check on the bundled model",
+    "LEAP_ALLOW_UNTESTED_VLLM=1 <the printed": "starts a GPU server from the printed command",
     "python scripts/fetch_data.py$": "downloads from the public hosts (network); tests/test_shared_data.py "
                                      "checks the download path and the hashes offline",
 }
