@@ -338,7 +338,9 @@ def test_trail_refresh_uses_recorded_vectors_and_counts_down_exactly(synth_test)
     post = smooth(post, trail.probe_probabilities(vec64), 63, trail.T)
     expected = 64 + float(np.clip(post @ trail.mid, 1, 1024 - 64)[0])
     got = float(trail.refresh(rows, np.array([64]))[0])
-    assert got == pytest.approx(expected, rel=1e-12) and got != first
+    # rel 1e-6, not exact: the hand computation runs the probe on one row, bind on all rows at once,
+    # and a float32 matrix product's last bit can depend on the batch's shape (BLAS kernels)
+    assert got == pytest.approx(expected, rel=1e-6) and got != first
     # between refreshes the total stays put, so countdown's key falls by exactly one per token
     view = SchedulerView(now=0.0, arrival_s=np.zeros(1), predicted=np.array([got]), generated=np.array([64]),
                          output_kind="length")
