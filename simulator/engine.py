@@ -146,6 +146,16 @@ class StepRunner(Protocol):
     def fill_step_log(self, log: StepLog) -> None: ...
 
 
+def checked_arrivals(workload: Trace, arrival_s) -> np.ndarray:
+    """One finite, non-negative arrival time per request (float64): an engine's and a fleet's input."""
+    arrival_s = np.asarray(arrival_s, dtype=np.float64)
+    if arrival_s.shape != (len(workload),):
+        raise ValueError(f"need one arrival time per request ({len(workload)}), got {arrival_s.shape}")
+    if not np.isfinite(arrival_s).all() or (arrival_s < 0).any():
+        raise ValueError("arrival times must be finite and >= 0")
+    return arrival_s
+
+
 def check_kv_blocks(workload: Trace, config: EngineConfig) -> None:
     """Every request must fit the KV cache alone (its prompt and all but its last output token),
     or it could never finish (docs/semantics.md "KV blocks")."""
@@ -177,11 +187,7 @@ class Simulation:
                  charge_cost: bool = True, record_steps: bool = False,
                  progress: Callable[[int, int], None] | None = None, closed_loop: int | None = None,
                  step_clock: bool = False):
-        arrival_s = np.asarray(arrival_s, dtype=np.float64)
-        if arrival_s.shape != (len(workload),):
-            raise ValueError(f"need one arrival time per request ({len(workload)}), got {arrival_s.shape}")
-        if not np.isfinite(arrival_s).all() or (arrival_s < 0).any():
-            raise ValueError("arrival times must be finite and >= 0")
+        arrival_s = checked_arrivals(workload, arrival_s)
         if step_clock:
             check_step_clock(arrival_s, profile, charge_cost)
         check_kv_blocks(workload, config)

@@ -22,7 +22,7 @@ from policies.base import Policy, SchedulerView
 from predictors.base import Known, Predictor
 from routers.base import FleetView, Router
 from simulator.config import EngineConfig
-from simulator.engine import RunResult, check_step_clock
+from simulator.engine import RunResult, check_step_clock, checked_arrivals
 from simulator.fleet_rows import ReplicaRows
 from simulator.prediction import NoPrediction, PredictionDriver
 from simulator.profiles.base import EngineProfile
@@ -82,11 +82,7 @@ class FleetSimulation:
                  make_policy: Callable[[], Policy], make_predictor: Callable[[], Predictor | None],
                  profile: EngineProfile, config: EngineConfig, seed: int = 0, charge_cost: bool = True,
                  step_clock: bool = False):
-        arrival_s = np.asarray(arrival_s, dtype=np.float64)
-        if arrival_s.shape != (len(workload),):
-            raise ValueError(f"need one arrival time per request ({len(workload)}), got {arrival_s.shape}")
-        if not np.isfinite(arrival_s).all() or (arrival_s < 0).any():
-            raise ValueError("arrival times must be finite and >= 0")
+        arrival_s = checked_arrivals(workload, arrival_s)
         if replicas < 1:
             raise ValueError(f"--replicas must be >= 1, got {replicas}")
         if step_clock:
