@@ -99,5 +99,5 @@ def check_decode_slots(decode_slots: int, max_resident: int, error: type[Excepti
     """The one rule that ``simulate`` and the live scheduler refuse alike: a decode slot needs a
     resident request. (The engine itself accepts more slots than residents: they just stay idle.)"""
     if decode_slots > max_resident:
-        raise error(f"decode-slots ({decode_slots}) cannot exceed max-resident ({max_resident}): "
-                    "only resident requests decode")
+        raise error(f"--decode-slots {decode_slots}: decode-slots ({decode_slots}) cannot exceed max-resident "
+                    f"({max_resident}): only resident requests decode")

@@ -120,7 +120,7 @@ def test_table_output(capsys):
     (["--preset", "recorded"], "trace 'sharegpt-lengths' has no recorded vLLM engine settings"),
     (["--preset", "vllm"], "invalid choice"),
     (["--kv-budget", "100"], "max-resident 512 is above kv-budget 100"),
-    (["--kv-budget", "20", "--max-resident", "4"], "kv-budget 20 cannot hold request"),
+    (["--kv-budget", "20", "--max-resident", "4", "--decode-slots", "4"], "kv-budget 20 cannot hold request"),
     (["--arrivals", "trace"], "no recorded arrival_s"),
     (["--predictor", "none", "--policy", "countdown"], "needs a predictor"),
     (["--requests", "999999"], "has only"),
