@@ -5,8 +5,10 @@ written once for both kernels never has to import the simulator to be compiled."
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 
@@ -17,15 +19,30 @@ def numba_cache_base() -> str:
     return os.environ.get("NUMBA_CACHE_DIR") or str(cache_dir() / "numba")
 
 
+def cached_per_numba(fn):
+    """``fn`` cached apart for the process before and after it loads numba: a rule first run as plain
+    Python (a live scheduler's, before any kernel) is compiled when a kernel later loads numba."""
+    cached = functools.cache(lambda numba_loaded, *args: fn(*args))
+
+    @functools.wraps(fn)
+    def by_numba_state(*args):
+        return cached("numba" in sys.modules, *args)
+
+    return by_numba_state
+
+
 def compile_in_place(namespace: dict, names, source_file: str) -> bool:
     """numba-compile a rule module's plain-Python functions ``names`` in place, as the kernel is
     compiled (no reference counts), cached in a folder named by the module's source (numba
     re-validates a cached function by its own file only; the rules call nothing outside it): True.
     False without numba, when the plain Python runs (the same operations, so the same bits)."""
-    try:
-        import numba
-    except ImportError:
+    # NOTE(live): only where the process has loaded numba already (the compiled kernel's runs): once
+    # loaded, numba trips vLLM 0.32's dispatcher scan in any vLLM engine started later in the process,
+    # so the live scheduler's rules run as plain Python
+    if "numba" not in sys.modules:
         return False
+    import numba
+
     source = Path(source_file)
     folder = f"rules-{source.stem}-{hashlib.sha256(source.read_bytes()).hexdigest()[:12]}"
     saved, numba.config.CACHE_DIR = numba.config.CACHE_DIR, os.path.join(numba_cache_base(), folder)

@@ -21,7 +21,6 @@ changes (a policy whose keys age declares it on its ``CompiledForm``).
 
 from __future__ import annotations
 
-import functools
 import importlib
 import types
 from collections import namedtuple
@@ -30,6 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from core.attributes import defaults
+from core.jit import cached_per_numba
 from policies.base import CompiledForm, Policy, SchedulerView
 
 #: the rows' arrays a rule reads (the compiled kernel's ``Rows`` has the same names)
@@ -81,7 +81,7 @@ def _fill(rows, out, t, rank):
 KEY_FUNCTIONS = ("decode_key", "admission_key")
 
 
-@functools.cache
+@cached_per_numba
 def compile_rules(module: str) -> bool:
     """numba-compile rule ``module``'s ``RULES`` in place (those of the rule modules it calls first):
     True; False without numba, when the plain Python runs (the same operations, so the same bits)."""
@@ -94,13 +94,13 @@ def compile_rules(module: str) -> bool:
     return compile_in_place(vars(mod), mod.RULES, mod.__file__ or "")
 
 
-@functools.cache
+@cached_per_numba
 def load(module: str) -> dict:
     """Rule ``module``'s loops over rows, by function name (its rules compiled in place first, and
     the loops too, one per function, with numba)."""
     from core.jit import numba_cache_base
 
-    compiled = compile_rules(module)
+    compiled = compile_rules(module)   # NOTE(live): plain Python until a kernel loads numba (core.jit)
     space = vars(importlib.import_module(module))
     loops = {}
     for name in KEY_FUNCTIONS:

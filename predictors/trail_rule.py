@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from core.jit import cached_per_numba
+
 
 class TrailArrays(NamedTuple):
     """One bound TRAIL's state and tables, shared (the same arrays) by the predictor and the kernel."""
@@ -153,7 +155,7 @@ RULES = ("observe_row", "estimate_row", "prefill_row", "after_prefill_row", "lat
          "estimate_rows", "after_prefill_rows", "refresh_rows")
 
 
-@functools.lru_cache(maxsize=1)
+@cached_per_numba
 def load() -> bool:
     """Compile the rules with numba in place (True), or keep the plain Python (False, no numba).
     Compiled like the kernel (no reference counts, cached on disk in the kernel's cache folder)."""

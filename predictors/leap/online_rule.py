@@ -14,9 +14,9 @@ to tokens (``square``: ``v * v``; else the identity) and clipped to ``[1, cap]``
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
+
+from core.jit import cached_per_numba
 
 
 def estimate_row(Z, r, theta, square, lo, hi, cap):
@@ -53,7 +53,7 @@ def estimate_rows(Z, rows, theta, square, lo, hi, cap, out):
 RULES = ("estimate_row", "estimate_rows")
 
 
-@functools.lru_cache(maxsize=1)
+@cached_per_numba
 def load() -> bool:
     """Compile the rule with numba in place (True), or keep the plain Python (False, no numba)."""
     from core.jit import compile_in_place
