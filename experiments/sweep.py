@@ -257,14 +257,17 @@ def _local_run(configs, outs, todo, results, jobs, on_done, mark):
     pool.shutdown()
 
 
-def _tidy_unfinished(outs: list[str | None], results: list) -> None:
-    """Unfinished runs leave no temp files and no empty folders behind (complete ones are untouched)."""
+def _tidy_stopped(out: Path | None, outs: list[str | None], results: list) -> None:
+    """A stopped sweep leaves no temp files (a signal can land inside an atomic write before its own
+    clean-up, in a finished run's folder too) and no empty folders of unfinished runs."""
+    folders = [Path(t) for t in outs if t is not None] + ([out] if out is not None else [])
+    for folder in folders:
+        for tmp in folder.glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
     for target, summary in zip(outs, results):
         if target is None or summary is not None:
             continue
         folder = Path(target)
-        for tmp in folder.glob(".*.tmp"):
-            tmp.unlink(missing_ok=True)
         try:
             folder.rmdir()   # only when empty: a single run's --out may hold other files
         except OSError:
@@ -373,7 +376,7 @@ def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1
                 for target, summary in zip(outs, results):   # stopped between the table and the mark
                     if summary is not None and not (Path(cast(str, target)) / SUMMARY_FILE).exists():
                         mark_complete(Path(cast(str, target)), summary)
-            _tidy_unfinished(outs, results)
+            _tidy_stopped(out, outs, results)
         # a worker may have finished a run whose result had not reached this process yet
         done = sum(r is not None or (t is not None and (Path(t) / SUMMARY_FILE).exists())
                    for r, t in zip(results, outs))
