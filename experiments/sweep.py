@@ -38,7 +38,7 @@ from typing import cast
 
 import pyarrow as pa
 
-from core.io import atomic_write_bytes, atomic_write_json, atomic_write_parquet
+from core.io import TEMP_PATTERN, atomic_write_bytes, atomic_write_json, atomic_write_parquet
 from core.trace import Trace, load_trace
 from simulator.metrics import requests_table, simulated_only
 from simulator.runner import Prepared, RunConfig, execute, prepare
@@ -262,7 +262,7 @@ def _tidy_stopped(out: Path | None, outs: list[str | None], results: list) -> No
     clean-up, in a finished run's folder too) and no empty folders of unfinished runs."""
     folders = [Path(t) for t in outs if t is not None] + ([out] if out is not None else [])
     for folder in folders:
-        for tmp in folder.glob(".*.tmp"):
+        for tmp in folder.glob(TEMP_PATTERN):
             tmp.unlink(missing_ok=True)
     for target, summary in zip(outs, results):
         if target is None or summary is not None:
