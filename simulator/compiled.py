@@ -140,7 +140,7 @@ class CompiledRun:
     """One run's compiled state over a :class:`simulator.requests.RequestTable` (its arrays are
     written in place, so the run's result is read from the table as the reference engine's is)."""
 
-    def __init__(self, sim, table, driver):
+    def __init__(self, sim, table, driver, fast_paths: bool = True):   # fast_paths off: a fleet's replica
         self.table, cfg, n = table, sim.config, table.n
         self.predictor, self.driver = sim.predictor, driver
         self.has_pred = sim.predictor is not None
@@ -178,11 +178,11 @@ class CompiledRun:
         self.st.partial = -1
         self.st.released = table.released
         self.st.lru_head = self.st.lru_tail = -1
-        self.st.next_event = np.inf
+        self.st.next_event = self.st.until = np.inf
         self.kernel_args = (self.rows, self.work, self.settings, self.state, self.batch)
         # the policy's rule compiled in; the predictors' compiled stops are built on the default rule's kernel
         self.rule = sim.policy.compiled_form().rule or DEFAULT_RULE
-        own_rule = self.rule != DEFAULT_RULE
+        own_rule = self.rule != DEFAULT_RULE or not fast_paths   # TRAIL's, LEAP's stops index the workload's rows
         self.publishing = None if own_rule else self._fixed_estimates_publisher(sim)
         self.trail = None if own_rule else compiled_trail(self, sim)   # TRAIL's Python stops done in compiled code
         self.online = compiled_online(self, sim) if self.fb_batch and not own_rule else None   # LEAP+RLS's prefill estimates
@@ -448,8 +448,6 @@ class CompiledRun:
 
     def step_process(self, env, progress=None):
         """The SimPy process: a chunk of compiled steps, then the simulated clock catches up."""
-        from simulator.scheduler import SimulationStalled, chunk_overrun, min_chunk
-
         n = self.table.n
         while self.finished < n:
             self.advance(CHUNK_STEPS)
@@ -465,26 +463,34 @@ class CompiledRun:
                 yield env.timeout(max(self.now - env.now, 0.0))
                 self.fire_due()
                 continue
-            if self.st.status and self.st.chunk_overrun:
-                row = int(self.st.partial)
-                raise SimulationStalled(chunk_overrun(
-                    self.steps, self.now, row, int(self.table.prompt[row]), int(self.table.prefilled[row]),
-                    int(self.st.carried_chunks), min_chunk(self.cfg)))
-            if self.st.status and self.st.stall_ready < 0:   # kernel: a carried chunk computed nothing
-                row, before = -1 - int(self.st.stall_ready), int(self.st.stall_waiting)
-                raise SimulationStalled(
-                    f"step {self.steps} at t={self.now:.6g} s made no progress: the part-prefilled prompt of row "
-                    f"{row} stayed at {before} of {int(self.table.prompt[row])} tokens, nothing admitted or decoded")
             if self.st.status:
-                raise SimulationStalled(
-                    f"step {self.steps} at t={self.now:.6g} s admitted and decoded nothing with "
-                    f"{int(self.st.stall_ready)} resident and {int(self.st.stall_waiting)} waiting requests "
-                    f"(decode_slots={self.cfg.decode_slots}, max_resident={self.cfg.max_resident})")
+                raise self.stalled()
             yield env.timeout(max(self.now - env.now, 0.0))
             if progress is not None:
                 progress(self.finished, n)
-        if self.has_pred:
-            self.driver.gpu_s = float(self.st.gpu_s)
+        self.finish()
+
+    def stalled(self) -> Exception:
+        """The :class:`simulator.scheduler.SimulationStalled` of the kernel's stall, as the reference words it."""
+        from simulator.scheduler import SimulationStalled, chunk_overrun, min_chunk
+
+        if self.st.chunk_overrun:
+            row = int(self.st.partial)
+            return SimulationStalled(chunk_overrun(self.steps, self.now, row, int(self.table.prompt[row]),
+                                                   int(self.table.prefilled[row]), int(self.st.carried_chunks), min_chunk(self.cfg)))
+        if self.st.stall_ready < 0:   # kernel: a carried chunk computed nothing
+            row, before = -1 - int(self.st.stall_ready), int(self.st.stall_waiting)
+            return SimulationStalled(
+                f"step {self.steps} at t={self.now:.6g} s made no progress: the part-prefilled prompt of row "
+                f"{row} stayed at {before} of {int(self.table.prompt[row])} tokens, nothing admitted or decoded")
+        return SimulationStalled(
+            f"step {self.steps} at t={self.now:.6g} s admitted and decoded nothing with "
+            f"{int(self.st.stall_ready)} resident and {int(self.st.stall_waiting)} waiting requests "
+            f"(decode_slots={self.cfg.decode_slots}, max_resident={self.cfg.max_resident})")
+
+    def finish(self) -> None:
+        """After the last step: the GPU charged, then what SimPy runs after it (events, the last feedback)."""
+        self.driver.gpu_s = float(self.st.gpu_s) if self.has_pred else self.driver.gpu_s
         self.fire_due()            # those that fired within the last step
         if self.st.fb_groups:
             self.feed_back()       # the last steps' finished rows (fewer than a feedback batch)

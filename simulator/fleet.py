@@ -43,6 +43,7 @@ class Replica:
     step: int = 0
     pending: tuple[Batch, int, float, float, float] | None = None   # (batch, step, start, duration, end)
     driver: NoPrediction = field(default_factory=NoPrediction)
+    estimates: np.ndarray | None = None    # the estimates the engine schedules on (None: its table's)
 
     def unfinished(self) -> np.ndarray:
         """Local rows routed here and not finished (waiting, prefilling or decoding)."""
@@ -245,7 +246,8 @@ class FleetSimulation:
                 continue
             if predicted:
                 own = ~np.isnan(t.ready_s[rows])
-                estimate = np.where(own, t.predicted[rows], self.route_estimate[replica.rows[rows]])
+                kept = t.predicted if replica.estimates is None else replica.estimates
+                estimate = np.where(own, kept[rows], self.route_estimate[replica.rows[rows]])
             else:
                 estimate = t.length[rows].astype(np.float64)
             work[replica.index] = float(np.maximum(estimate - t.generated[rows], 1.0).sum())

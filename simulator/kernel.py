@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import math
 import multiprocessing
 import os
 import sys
@@ -41,6 +42,7 @@ from simulator.kernel_layout import (
     PRED_PYTHON,
     REKEY_RESORT,
     STALLED,
+    UNTIL,
 )
 from simulator.kernel_log import _record_finished, _record_step
 from simulator.kernel_order import _ord_insert
@@ -98,13 +100,39 @@ def _step_charge(s, st, b):
     return duration
 
 
+def _land_step(t, w, s, st, b, n_before, start, duration):
+    """The landing half of the step composed at ``start``: tokens, completions, the order, the clock."""
+    end = start + duration
+    tick = int(start) if s.step_clock else st.step   # simulator.requests.clock_step
+    _land(t, w, st, b, st.step, tick, start, end)
+    _retire(t, w, st, b, end)
+    _record_finished(w, s, st)
+    _reorder(t, w, s, st, b, n_before)
+    b.start, b.duration = start, duration   # an event due within it saw the system before it landed
+    st.now = end
+    st.step += 1
+
+
 def _run_steps(max_steps, t, w, s, state, batch):
     """Advance the engine up to ``max_steps`` steps (``simulator.engine.Simulation._step_loop``);
-    returns the steps done, the reason it stopped in ``state[0].status``."""
+    returns the steps done, the reason it stopped in ``state[0].status``. A fleet's replica runs up
+    to ``STATE.until`` (the fleet's next arrival): no step starts at or after it, and a step ending
+    after it is composed and held (``STATE.held``), landed on the next call (docs/semantics.md "Fleets")."""
     st, b = state[0], batch[0]
     n = t.arrival.shape[0]
     done_steps = 0
     st.status = DONE_OR_CHUNK
+    if st.held:
+        if b.start + b.duration > st.until:
+            st.status = UNTIL
+            return 0
+        n_before = st.held - 1
+        st.held = 0
+        _land_step(t, w, s, st, b, n_before, b.start, b.duration)
+        done_steps += 1
+        if _python_due(t, w, s, st, b):
+            st.status = AFTER_STEP
+            return done_steps
     _take_estimates(t, w, s, st)
     while st.finished < n and done_steps < max_steps:
         # a SimPy event fired before the step loop resumed here: earlier, or at this instant and
@@ -112,12 +140,19 @@ def _run_steps(max_steps, t, w, s, state, batch):
         if st.now > st.next_event or (st.now == st.next_event and st.next_yields_before < st.yields):
             st.status = NEEDS_EVENT
             break
+        if st.now >= st.until:   # a fleet routes its arrivals at this instant first
+            st.status = UNTIL
+            break
         arrived = st.arrived
         while arrived < n and t.arrival[arrived] <= st.now:
             arrived += 1
         st.arrived = arrived
         if st.n_res == 0 and st.partial < 0 and st.n_admitted >= arrived:   # Scheduler.idle: wait
-            st.now = st.now + (t.arrival[arrived] - st.now)
+            # (a fleet's replica: its next row is not routed yet (inf), it waits for the fleet's next arrival)
+            wake = t.arrival[arrived] if arrived < n and t.arrival[arrived] < st.until else st.until
+            if wake == math.inf:   # a fleet's replica with nothing left to route to it
+                break
+            st.now = st.now + (wake - st.now)
             st.yields += 1
             b.n_done = 0       # nothing finishes (or is released) while idle
             b.n_first = 0
@@ -135,16 +170,13 @@ def _run_steps(max_steps, t, w, s, state, batch):
         _note_decodes(t, w, s, st, b)
         duration = _step_charge(s, st, b)
         start = st.now
-        end = start + duration
         _record_step(w, s, st, b, n_before, start, duration)
-        tick = int(start) if s.step_clock else st.step   # simulator.requests.clock_step
-        _land(t, w, st, b, st.step, tick, start, end)
-        _retire(t, w, st, b, end)
-        _record_finished(w, s, st)
-        _reorder(t, w, s, st, b, n_before)
-        b.start, b.duration = start, duration   # an event due within it saw the system before it landed
-        st.now = end
-        st.step += 1
+        if start + duration > st.until:   # lands after the fleet's next arrival is routed
+            b.start, b.duration = start, duration
+            st.held = n_before + 1
+            st.status = UNTIL
+            break
+        _land_step(t, w, s, st, b, n_before, start, duration)
         done_steps += 1
         if _python_due(t, w, s, st, b):
             st.status = AFTER_STEP
@@ -152,7 +184,7 @@ def _run_steps(max_steps, t, w, s, state, batch):
     return done_steps
 
 
-JITTED = ("_take_estimates", "_step_charge")
+JITTED = ("_take_estimates", "_step_charge", "_land_step")
 
 
 #: the rule of the kernel that forms without one (FCFS's row order) run on, and the trace wrappers' kernel

@@ -20,6 +20,8 @@ import numpy as np
 PROFILE_UNIT, PROFILE_ROOFLINE, PROFILE_FITTED = 0, 1, 2
 # kernel exit status (AFTER_STEP: Python's part of the step just landed: prefill estimates, feedback)
 DONE_OR_CHUNK, STALLED, NEEDS_SCORES, AFTER_STEP, NEEDS_EVENT = 0, 1, 2, 3, 4
+# a fleet's replica (simulator.compiled_fleet) reached STATE.until: at it, or a step running past it held
+UNTIL = 5
 REKEY_RESORT = 16                # more re-estimated rows than this: re-key every resident and re-sort
 # decode keys: row order (FCFS), countdown's remaining length, a rank predictor's static score
 KEY_ROW, KEY_REMAINING, KEY_SCORE = 0, 1, 2
@@ -52,10 +54,12 @@ STATE = np.dtype([
     ("next_yields_before", np.int64),   # the next SimPy event's count of step-loop timeouts before it
     ("ltr_seen", np.int64),         # LTR: rows [0, ltr_seen) seen waiting by an admission call
     ("ltr_idle_ptr", np.int64),     # LTR: rows below it are admitted or past their waiting promotion
+    ("held", np.int64),             # a fleet: 1 + residents before the step composed and not landed (0: none)
     ("now", np.float64), ("abs_error", np.float64),
     ("charge", np.float64),         # the predictor's GPU debt the next step pays
     ("next_event", np.float64), ("gpu_s", np.float64),
     ("aging_clock", np.float64),    # aging: the clock the standing orders' keys were computed at
+    ("until", np.float64),          # a fleet: no step starts at or after it, none lands past it (inf: none)
 ])
 
 #: the step being composed and, once the kernel returns, the last step landed

@@ -21,6 +21,7 @@ from predictors.gpu_cost import describe_cost
 from routers import DEFAULT_ROUTER, MAX_REPLICAS, ROUTERS, make_router
 from simulator.capacity import measure_capacity
 from simulator.compiled import DEFAULT_KERNEL, KERNELS, CompiledRun, note_fallback, unsupported
+from simulator.compiled_fleet import CompiledFleet, fleet_unsupported
 from simulator.config import KV_BLOCKS_FROM_PROFILE
 from simulator.engine import EngineConfig, RunResult, Simulation, check_kv_blocks
 from simulator.fleet import FleetSimulation
@@ -351,15 +352,21 @@ def run_simulation(sim: Simulation, kernel: str) -> RunResult:
 
 def _prepared_fleet(config: RunConfig, workload: Trace, trace: Trace, arrival_s: np.ndarray, capacity: float | None,
                     rate: float | None, engine_config: EngineConfig, profile) -> Prepared:
-    """The fleet's :class:`Prepared` (the reference engine: the compiled kernel runs one engine)."""
-    if config.kernel == "compiled":
-        note_fallback(f"a fleet of {config.replicas} replicas runs on the reference engine")
+    """The fleet's :class:`Prepared`: on the compiled kernel where one engine of it is compiled
+    (:class:`simulator.compiled_fleet.CompiledFleet`), else the reference engine, never silently."""
 
     def predictor_factory():
         return None if config.predictor == NO_PREDICTOR else make_predictor(config.predictor, config.predictor_options)
 
+    fleet_class = FleetSimulation
+    if config.kernel == "compiled":
+        reason = fleet_unsupported(engine_config, make_policy(config.policy), predictor_factory(), profile)
+        if reason is None:
+            fleet_class = CompiledFleet
+        else:
+            note_fallback(f"a fleet: {reason}")
     router = make_router(config.router)
-    fleet = FleetSimulation(workload, arrival_s, replicas=config.replicas, router=router,
+    fleet = fleet_class(workload, arrival_s, replicas=config.replicas, router=router,
                             make_policy=lambda: make_policy(config.policy), make_predictor=predictor_factory,
                             profile=profile, config=engine_config, seed=config.seed, charge_cost=config.charge_cost,
                             step_clock=config.arrivals.step_clock)
@@ -391,7 +398,7 @@ def _prepared_fleet(config: RunConfig, workload: Trace, trace: Trace, arrival_s:
 def execute(prepared: Prepared) -> tuple[dict, RunResult]:
     """Run a prepared simulation and summarise it."""
     sim = prepared.simulation
-    # a fleet runs on the reference engine (its note was given when it was prepared)
+    # a fleet runs on the kernel chosen when it was prepared (a fallback's note given then)
     result = sim.run() if isinstance(sim, FleetSimulation) else run_simulation(sim, prepared.config.kernel)
     cfg = prepared.config
     summary = summarize(

@@ -1,0 +1,138 @@
+"""A fleet on the compiled kernel: routing in Python, each replica's steps in the kernel.
+
+:class:`CompiledFleet` replays :class:`simulator.fleet.FleetSimulation` byte for byte. The routers
+are Python objects and route once per arrival (docs/semantics.md "Fleets"), so the fleet walks its
+distinct arrival instants in order; before each, every replica's kernel runs up to it
+(``STATE.until``): every step that ends by then lands (at that instant too: those land before the
+arrival is routed), no step starts at or after it, and a step that runs past it is composed and held,
+landed on the replica's next call, after the routing. A held replica's predictor events that fire
+before the instant fire first, against the system before the landing (the router reads them). Each
+replica is a :class:`simulator.compiled.CompiledRun` over the replica's own request table, filled as
+requests are routed to it, without the predictors' compiled stops (they index the workload's rows).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import simpy
+
+from predictors.base import Known
+from simulator.compiled import CHUNK_STEPS, CompiledRun, unsupported
+from simulator.engine import RunResult
+from simulator.fleet import FleetBalance, FleetSimulation, Replica
+from simulator.fleet_rows import ReplicaRows
+from simulator.kernel_layout import AFTER_STEP, DONE_OR_CHUNK, NEEDS_EVENT, NEEDS_SCORES, PRED_STATIC, UNTIL
+
+
+class CompiledRows(ReplicaRows):
+    """A replica's view of its predictor that also answers what :class:`CompiledRun` asks of one
+    (its declarations: stage, static_estimates, learns_online...), read from the predictor itself."""
+
+    def __getattr__(self, name: str):
+        return getattr(self.predictor, name)
+
+
+def fleet_unsupported(config, policy, predictor, profile) -> str | None:
+    """Why the compiled kernel cannot replay a fleet of these engines (None: it can): what one lacks."""
+    return unsupported(_engine(config, policy, predictor, profile, False))
+
+
+def _engine(config, policy, predictor, profile, step_clock: bool) -> SimpleNamespace:
+    """What :class:`CompiledRun` and :func:`simulator.compiled.unsupported` read of a simulation."""
+    return SimpleNamespace(config=config, policy=policy, predictor=predictor, profile=profile,
+                           step_clock=step_clock, record_steps=False)
+
+
+class CompiledFleet(FleetSimulation):
+    """:class:`FleetSimulation` with each replica's engine steps in the compiled kernel."""
+
+    def run(self) -> RunResult:
+        if self._ran:
+            raise RuntimeError("a FleetSimulation runs once (its predictors' online state is spent); build a new one")
+        self._ran = True
+        env = simpy.Environment()   # the replicas' drivers are built on it; nothing runs on it
+        self.fleet = [self._replica(i, env) for i in range(self.replicas)]
+        self.runs = [self._compiled(replica) for replica in self.fleet]
+        static = self.runs[0].mode == PRED_STATIC
+        self.fixed = (self.predictors[0].predict(np.arange(self.n), Known(arrived=0, finished=0)).astype(np.float64)
+                      if static else None)
+        self.next_row = 0
+        self.assigned = np.full(self.n, -1, dtype=np.int64)
+        self.route_estimate = np.zeros(self.n, dtype=np.float64)
+        self.balance = FleetBalance()
+        self.router.reset(self.replicas, self.seed)
+        started = time.process_time()
+        while True:
+            until = float(self.arrival[self.next_row]) if self.next_row < self.n else np.inf
+            for run in self.runs:
+                run_until(run, until)
+            if self.next_row >= self.n:
+                break
+            for replica, run in zip(self.fleet, self.runs):
+                replica.parts.table.finished = run.finished
+            while self.next_row < self.n and self.arrival[self.next_row] <= until:
+                self._route(self.next_row)
+                self.next_row += 1
+        for replica, run in zip(self.fleet, self.runs):
+            run.finish()
+            self._settle(replica, run)
+        sim_cpu_s = time.process_time() - started
+        done = sum(r.parts.table.finished for r in self.fleet)
+        if done != self.n:
+            raise RuntimeError(f"fleet simulation ended with {self.n - done} unfinished requests")
+        return self._result(sim_cpu_s)
+
+    def _compiled(self, replica: Replica) -> CompiledRun:
+        predictor = CompiledRows(self.predictors[replica.index], replica.rows) if self.predictors else None
+        engine = _engine(self.config, replica.parts.scheduler.policy, predictor, self.profile, self.step_clock)
+        run = CompiledRun(engine, replica.parts.table, replica.driver, fast_paths=False)
+        replica.estimates = run.predicted
+        return run
+
+    def _route(self, row: int) -> None:
+        super()._route(row)
+        if self.fixed is not None:   # estimates fixed per row at bind time: the kernel reads them from its own array
+            replica = self.fleet[self.assigned[row]]
+            self.runs[replica.index].predicted[replica.routed - 1] = self.fixed[row]
+
+    @staticmethod
+    def _settle(replica: Replica, run: CompiledRun) -> None:
+        """The replica's counters, as the reference fleet reads them, from its kernel's."""
+        replica.parts.table.finished = run.finished
+        replica.step = run.steps
+        replica.parts.scheduler.contended = run.contended
+        if run.track_error:
+            replica.driver.in_use_decodes = int(run.st.decodes)          # type: ignore[attr-defined]
+            replica.driver.in_use_abs_error = float(run.st.abs_error)    # type: ignore[attr-defined]
+
+
+def run_until(run: CompiledRun, until: float) -> None:
+    """Run one replica's kernel up to the fleet's next arrival ``until`` (inf: to its last step),
+    doing Python's part of its steps on the way (scores, estimates, feedback, events)."""
+    st = run.st
+    st.until = until
+    while True:
+        run.advance(CHUNK_STEPS)
+        status = st.status
+        if status == NEEDS_SCORES:
+            run.score_arrivals()
+        elif status == AFTER_STEP:
+            run.after_step()
+        elif status == NEEDS_EVENT:
+            run.fire_due()
+        elif status == UNTIL:
+            if st.held:   # the events that fire before ``until`` while the held step runs
+                while run.pending and run.pending[0][0] < until:
+                    at, _, _, what = heapq.heappop(run.pending)
+                    run._fire(at, what, before_landing=False)
+                run._next_event()
+            return
+        elif status == DONE_OR_CHUNK:
+            if run.finished == run.table.n:
+                return
+        else:
+            raise run.stalled()
