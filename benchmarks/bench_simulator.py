@@ -66,6 +66,12 @@ def main() -> int:
     ap.add_argument("--scale", default="10000,100000,1000000", metavar="N,N,...",
                     help="compiled runs of N lengths-only requests at 1x: prepare (tiling, capacity, arrivals, "
                          "binding) against the loop, per size ('' to skip)")
+    ap.add_argument("--fleet", type=int, default=0, metavar="R",
+                    help="a compiled fleet of R replicas (FCFS, least-requests, 1x): --fleet-requests lengths-only "
+                         "requests in a fresh process (loop req/CPU-s, peak RSS), then loop CPU per request at "
+                         "1, 4, 16 and 64 replicas with --fleet-per-replica requests each (equal per-replica load)")
+    ap.add_argument("--fleet-requests", type=int, default=100_000, metavar="N")
+    ap.add_argument("--fleet-per-replica", type=int, default=2000, metavar="N")
     ap.add_argument("--scale-loads", default="1.0,0.8", metavar="X,X,...",
                     help="the loads of the --scale runs (default 1x, the critical load, and 0.8x)")
     args = ap.parse_args()
@@ -82,6 +88,8 @@ def main() -> int:
     if args.requests < 1 or args.repeat < 1 or (args.load is not None and not args.load > 0) or args.million < 0 \
             or any(n < 1 for n in args.scale):
         ap.error("--requests, --repeat and --scale sizes must be >= 1, --load > 0 and --million >= 0")
+    if args.fleet:
+        return fleet_rows(args)
     with tempfile.TemporaryDirectory(prefix="bench-sim-") as folder:
         return bench(args, *tiled_trace(args.trace, args.requests, Path(folder)))
 
@@ -390,6 +398,52 @@ def million(args) -> None:
     completed, steps, loop_s, total_s, rss = proc.stdout.split()
     print(f"  {int(completed):,} lengths-only requests at 1x, compiled: {float(total_s):.1f} CPU-s start-up "
           f"included (loop {float(loop_s):.1f} s, {int(steps):,} steps), peak RSS {int(rss) / 1024:.0f} MiB")
+
+
+FLEET_RUN = (
+    "import sys, time, resource\n"
+    "from simulator.runner import RunConfig, prepare, execute\n"
+    "r, n = int(sys.argv[1]), int(sys.argv[2])\n"
+    "p = prepare(RunConfig(trace='sharegpt-lengths', tile=n, load=1.0, replicas=r, router='least-requests', "
+    "kernel='compiled'))\n"
+    "assert type(p.simulation).__name__ == 'CompiledFleet'\n"
+    "s, res = execute(p)\n"
+    "print(s['completed'], res.steps, res.sim_cpu_s, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+
+
+def fleet_rows(args) -> int:
+    """The fleet rows: each run in a fresh process (its peak RSS its own; numba's cache warm)."""
+    import os
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+
+    def run(replicas: int, n: int) -> tuple[int, float, int] | None:
+        proc = subprocess.run([sys.executable, "-c", FLEET_RUN, str(replicas), str(n)], capture_output=True,
+                              text=True, env=env, check=False)
+        if proc.returncode != 0:
+            print(f"  fleet of {replicas} x {n:,}: failed ({proc.stderr.strip().splitlines()[-1:]})")
+            return None
+        completed, _, loop_s, rss = proc.stdout.split()
+        return int(completed), float(loop_s), int(rss)
+
+    print("compiled fleet, sharegpt-lengths tiled, FCFS, least-requests, 1x capacity of the fleet")
+    got = run(args.fleet, args.fleet_requests)
+    if got is not None:
+        completed, loop_s, rss = got
+        print(f"  {args.fleet} replicas x {completed:,} requests: loop {loop_s:.1f} CPU-s, "
+              f"{completed / loop_s:,.0f} req/CPU-s, peak RSS {rss / 1024:.0f} MiB")
+    base = None
+    for replicas in (1, 4, 16, 64):
+        got = run(replicas, replicas * args.fleet_per_replica)
+        if got is None:
+            continue
+        completed, loop_s, _ = got
+        cost = loop_s / completed * 1e6
+        base = base or cost
+        print(f"  {replicas:>2} replicas x {args.fleet_per_replica:,} requests each: {cost:6.1f} us of loop "
+              f"per request ({cost / base:.2f}x one replica's)")
+    return 0
 
 
 if __name__ == "__main__":

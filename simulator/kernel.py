@@ -151,6 +151,7 @@ def _run_steps(max_steps, t, w, s, state, batch):
             # (a fleet's replica: its next row is not routed yet (inf), it waits for the fleet's next arrival)
             wake = t.arrival[arrived] if arrived < n and t.arrival[arrived] < st.until else st.until
             if wake == math.inf:   # a fleet's replica with nothing left to route to it
+                st.status = UNTIL
                 break
             st.now = st.now + (wake - st.now)
             st.yields += 1
