@@ -227,5 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """``main`` with bad input as one line and exit 2 (``core.errors.run_command``)."""
+    return run_command(main, argv, "fleet_study", input_errors=(TraceError, ValueError, OSError))
+
+
 if __name__ == "__main__":
-    sys.exit(run_command(main, None, "fleet_study", input_errors=(TraceError, ValueError, OSError)))
+    sys.exit(cli())
