@@ -267,6 +267,11 @@ class FleetSimulation:
                 arr[rows] = getattr(t, name)[:k]
             for name, arr in steps.items():
                 arr[rows] = getattr(t, name)[:k]
+        preemptions = None
+        if self.config.kv_bounded:   # per request, times preempted (as one engine reports them)
+            preemptions = np.zeros(n, dtype=np.int64)
+            for replica in self.fleet:
+                preemptions[replica.rows[:replica.routed]] = replica.parts.table.preemptions[:replica.routed]
         drivers = [r.driver for r in self.fleet]
         decodes = sum(getattr(d, "in_use_decodes", 0) for d in drivers)
         error = sum(getattr(d, "in_use_abs_error", 0.0) for d in drivers)
@@ -281,5 +286,5 @@ class FleetSimulation:
             updates_published=sum(d.updates for d in drivers), sim_cpu_s=sim_cpu_s,
             output_kind=drivers[0].output_kind, mae_in_use=error / decodes if decodes else None,
             contended_steps=sum(r.parts.scheduler.contended for r in self.fleet),
-            replica=self.assigned.copy(), replicas=self.replicas,
+            replica=self.assigned.copy(), replicas=self.replicas, preemptions=preemptions,
             balance_max_over_mean=self.balance.max_over_mean)

@@ -95,3 +95,15 @@ def test_bench_leap_breakdown_refuses_a_trace_without_hidden_states(tmp_path):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
     assert proc.stdout == "" and "feat_last" in proc.stderr   # refused before any run
     assert "Traceback" not in proc.stderr
+
+
+def test_bench_fleet_runs(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_fleet.py"), "--big", "60", "--per-replica",
+                           "8", "--sizes", "1,2", "--d", "32", "--repeats", "3"], capture_output=True, text=True,
+                          env=bench_env(tmp_path), cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert "16 replicas x 60 requests" in proc.stdout and "requests/CPU-s" in proc.stdout and "peak RSS" in proc.stdout
+    rows = [x for x in lines if "CPU-us per request" in x]
+    assert len(rows) == 2 and rows[0].endswith("1.00 x the first size") and "(16)" in rows[1]
+    assert "p = 33" in proc.stdout and "matvecs" in proc.stdout
