@@ -26,7 +26,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/live_env.sh"
 OUTDIR="${OUTDIR:-traces/live}"
 WORKLOADS="${WORKLOADS:-alpaca lmsys}"
 KV=()                                  # KV_BLOCKS=N: a bound KV cache (live/kv_cache.py), runs named -kvN-
-[ -n "${KV_BLOCKS:-}" ] && KV=(--kv-blocks "$KV_BLOCKS" --kv-block-size "${KV_BLOCK_SIZE:-32}")
+[ -n "${KV_BLOCKS:-}" ] && KV=(--kv-blocks "$KV_BLOCKS" --kv-block-size "${KV_BLOCK_SIZE:-32}" --kv-space-gib 1)
 
 declare -A READOUT_TRAIN=([alpaca]=lmsys [lmsys]=alpaca)
 # name -> policy predictor load
