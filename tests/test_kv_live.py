@@ -8,8 +8,6 @@ the reason otherwise: one engine start each on one core, 8 requests (about 30 s 
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,19 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_stepclock_live import CPU, HAVE_MODEL, HAVE_VLLM, MODEL, ROOT, _env  # noqa: E402
 
-from capture.model import DEFAULT_MODEL_DIR  # noqa: E402
 from policies import make_policy  # noqa: E402
 from policies.base import SchedulerView  # noqa: E402
 from policies.selection import victim_order  # noqa: E402
 
-MODEL = Path(os.environ.get("LEAP_MODEL_DIR", DEFAULT_MODEL_DIR))
-HAVE_VLLM = all(importlib.util.find_spec(m) for m in ("torch", "transformers", "vllm"))
-HAVE_MODEL = (MODEL / "config.json").exists()
 SOURCE = ROOT / "traces" / "alpaca.parquet"
-CPU = str(min(os.sched_getaffinity(0)))
 
 needs_engine = pytest.mark.skipif(
     not (HAVE_VLLM and HAVE_MODEL and SOURCE.exists()),
@@ -76,14 +69,6 @@ def test_simulator_spares_a_forced_decode():
     assert res.finish_s.tolist() == [13.0, 3.0, 4.0]
 
 
-def _env(cache: Path) -> dict:
-    env = dict(os.environ)
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", LEAP_CACHE_DIR=str(cache),
-               LEAP_LOCK_DIR=str(cache / "locks"), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
 @pytest.mark.skipif(not HAVE_MODEL, reason=f"needs the model directory at {MODEL}")
 @pytest.mark.parametrize("flags, named", [
     (["--kv-blocks", "3"], "--kv-blocks 3: request 0"),          # a request alone needs more
@@ -122,7 +107,7 @@ def test_a_bound_cache_preempts_and_equals_the_simulation(tmp_path, policy, pred
     out = tmp_path / "kv.parquet"
     r = subprocess.run([sys.executable, "-m", "live.serve", "--model", str(MODEL), "--from", str(SOURCE),
                         "--requests", "8", "--force-lengths", "--max-length", "64", "--clock", "steps",
-                        "--kv-blocks", "14", "--kv-block-size", "32", "--threads", CPU,
+                        "--kv-blocks", "14", "--kv-block-size", "32", "--kv-space-gib", "1", "--threads", CPU,
                         "--policy", policy, "--predictor", predictor, "--arrivals", "poisson",
                         "--load", "1.3x", "--capacity", "0.5", "--out", str(out)],
                        cwd=ROOT, env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=600)
