@@ -86,6 +86,14 @@ def compare_steps(trace: Trace, result: RunResult) -> dict:
          "sim_finish_step": int(sim["finish_step"][i]), "live_admit_step": int(live["admit_step"][i]),
          "sim_admit_step": int(sim["admit_step"][i])} for i in bad.tolist()]
     out["first_divergence_step"] = _first_divergence(live, sim)
+    if "preemptions" in trace.table.column_names:   # a bound KV cache (leap-serve --kv-blocks)
+        live_pre = trace.table.column("preemptions").to_numpy(zero_copy_only=False).astype(np.int64)
+        sim_pre = (np.zeros(len(ids), dtype=np.int64) if result.preemptions is None
+                   else np.asarray(result.preemptions, dtype=np.int64)[order])
+        out["preemptions_match_share"] = float(np.mean(live_pre == sim_pre)) if len(ids) else 1.0
+        out["preemptions_live"], out["preemptions_sim"] = int(live_pre.sum()), int(sim_pre.sum())
+        for m, i in zip(out["finish_step_mismatches"], bad.tolist()):
+            m["live_preemptions"], m["sim_preemptions"] = int(live_pre[i]), int(sim_pre[i])
     if "predicted_tokens" in trace.table.column_names:   # the live scheduler's first estimate vs the simulator's
         live_est = trace.table.column("predicted_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
         sim_est = np.asarray(result.predicted_tokens, dtype=np.float64)[order]

@@ -73,6 +73,7 @@ class LiveSchedulerConfig:
     ordered_admission: bool = True
     prior_tokens: float | None = None
     sync_updates: bool = False
+    kv_bounded: bool = False   # the engine's KV cache binds (--kv-blocks): order running for vLLM's victim
 
     def __post_init__(self) -> None:
         if self.policy in POLICIES and self.policy not in LIVE_POLICIES:

@@ -10,7 +10,9 @@ Each step, before vLLM's own ``schedule()`` walks ``self.running``:
 3. the others get ``next_decode_eligible_step`` = the coming step + 1, vLLM's own field for
    leaving a running request out of a step (its KV blocks stay resident); ``self.running`` is
    reordered chosen-first (policy order), prefill chunks next, the rest last, so vLLM's token
-   budget serves the chosen ones first and a KV preemption takes the newest unchosen request.
+   budget serves the chosen ones first and a KV preemption takes the newest unchosen request; with a
+   bound KV cache (``kv_bounded``, ``leap-serve --kv-blocks``) the chosen and the unchosen are in
+   :func:`policies.selection.victim_order`, so vLLM's victim is the simulator's.
 
 Admission is vLLM's waiting queue up to ``max_num_seqs`` = the resident cap. With an arrival-stage
 predictor (oracle, ssjf) and a policy that uses predictions (the simulator's ``ordered_admission``),
@@ -36,11 +38,12 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from core.attributes import of_requests
 from live.config import CONFIG_KEY, LiveSchedulerConfig
+from live.kv_cache import running_order
 from live.predictors import make_live_predictor
 from live.worker_ext import PredictionChannel
 from policies import make_policy
 from policies.base import SchedulerView
-from policies.selection import choose_decodes
+from policies.selection import choose_decodes, victim_order
 
 
 @dataclass
@@ -102,7 +105,7 @@ class LeapScheduler(Scheduler):
         self._leap_stats = _Stats()
         self._leap_t_start = 0.0
         self._leap_finished: dict[str, list] = {"request_id": [], "finish_step": [], "output_tokens": [],
-                                                "first_predicted": [], "seq": []}
+                                                "first_predicted": [], "seq": [], "preemptions": []}
 
     def _leap_read_config(self) -> LiveSchedulerConfig:
         """The live config from ``additional_config`` (the served plugin reads its own key)."""
@@ -135,6 +138,7 @@ class LeapScheduler(Scheduler):
             fin["output_tokens"].append(int(request.num_output_tokens))
             fin["first_predicted"].append(st.first_predicted)
             fin["seq"].append(st.seq)
+            fin["preemptions"].append(int(request.num_preemptions))
             if request.status.name != "FINISHED_ABORTED":
                 self.leap_predictor.on_finished(st.feature, int(request.num_output_tokens))
         self.leap_channel.seen.discard(rid)
@@ -243,8 +247,13 @@ class LeapScheduler(Scheduler):
             skip_until = self.current_step + 2        # schedule() first increments current_step
             for i, r in enumerate(cand):
                 r.next_decode_eligible_step = 0 if picked[i] else skip_until
-            self.running = ([cand[i] for i in chosen_idx.tolist()] + others
-                            + [r for i, r in enumerate(cand) if not picked[i]])
+            if cfg.kv_bounded:      # vLLM preempts from the back: the simulator's victim order (live/kv_cache.py)
+                spared = victim_order(self.leap_policy, view, np.arange(n), chosen_idx, n_forced).tolist()
+                k = len(chosen_idx)
+                self.running = running_order([cand[i] for i in spared[:k]], others, [cand[i] for i in spared[k:]])
+            else:
+                self.running = ([cand[i] for i in chosen_idx.tolist()] + others
+                                + [r for i, r in enumerate(cand) if not picked[i]])
         order_s = time.perf_counter() - t0
         out = super().schedule(*args, **kwargs)
         scheduled = out.num_scheduled_tokens

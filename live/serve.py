@@ -45,7 +45,7 @@ from types import SimpleNamespace
 
 from capture import CaptureError
 from core.errors import run_command
-from live import server_run, stepclock
+from live import kv_cache, server_run, stepclock
 from live.serve_capacity import capacity_key, read_capacity
 from live.serve_flags import build_parser, check_flags
 from live.serve_workload import build_workload
@@ -88,7 +88,7 @@ def live_config(args):
             decode_slots=args.decode_slots if args.decode_slots is not None else args.max_resident,
             wait_cap=args.wait_cap, readout=args.readout, layer=args.layer,
             head_weights=args.head_weights, ordered_admission=not args.fcfs_admission,
-            sync_updates=args.clock == "steps")
+            sync_updates=args.clock == "steps", kv_bounded=args.kv_blocks is not None)
     except (ValueError, TypeError) as e:
         raise CaptureError(f"live scheduler: {e}") from None
 
@@ -124,7 +124,7 @@ def _serve(args, flags, log, t_start: float) -> int:
 
     w = build_workload(args, live, log)         # ---- source trace and model
     live, n = w.live, w.n
-    engine_overrides = scheduler_engine_args(live)
+    engine_overrides = {**scheduler_engine_args(live), **kv_cache.engine_args(args, w.max_model_len)}
     sampling = dict(w.src.metadata.get("sampling") or {})
     sampling = {k: sampling.get(k, d) for k, d in
                 (("temperature", 0.7), ("top_p", 0.9), ("repetition_penalty", 1.1))}

@@ -11,11 +11,12 @@ import numpy as np
 
 from capture import CaptureError
 from capture.record import host_description
-from live import stepclock
+from live import kv_cache, stepclock
 from live.serve_capacity import write_capacity
 from live.serve_files import file_ref, write_json
 from live.serve_records import (
     check_written,
+    finished_by_id,
     first_estimates,
     read_sched_parts,
     scheduler_stats,
@@ -87,7 +88,8 @@ def run_engine(args, w, run, log) -> int:
                 live_pkg.attach(be.engine)   # hook <-> scheduler channel (LEAP predictors)
             except ValueError as e:
                 raise CaptureError(f"live scheduler: {e}") from None
-        if be.kv_blocks and be.kv_blocks != est_blocks:
+        kv_cache.check_engine_blocks(be.kv_blocks, args)
+        if be.kv_blocks and be.kv_blocks != est_blocks and args.kv_blocks is None:
             log(f"engine has {be.kv_blocks} KV blocks (estimate {est_blocks})")
             check_kv(reqs, args.max_resident, be.kv_blocks, be.block_size or 128, args.kv_space_gib,
                      "reported by the engine")
@@ -136,7 +138,8 @@ def run_engine(args, w, run, log) -> int:
                    "source_trace": {"name": src.name, "sha256": src.content_hash,
                                     "rows": [int(i) for i in rows] if args.sample else f"first {n}"},
                    "seed": args.seed, "threads": threads_n, "kv_blocks": be.kv_blocks,
-                   "kv_blocks_needed_at_cap": kv_need, **stepclock.serving_fields(args.clock, capacity, rate)}
+                   "kv_blocks_needed_at_cap": kv_need, **stepclock.serving_fields(args.clock, capacity, rate),
+                   **kv_cache.serving_fields(args)}
         return _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serving,
                           (quiet_probe, quiet_mem_probe), src, cfg, model_dir, template, tsha, sampling, dtype,
                           max_model_len, t_start, log)
@@ -183,7 +186,8 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
 
         def on_finished(fins):
             estimates = first_estimates(be.engine, by_id)
-            store.write("gen", serve_table(fins, by_id, planned_of, store.run, shift, estimates))
+            preempted = finished_by_id(be.engine, by_id, "preemptions") if args.kv_blocks is not None else None
+            store.write("gen", serve_table(fins, by_id, planned_of, store.run, shift, estimates, preempted))
             stats["requests"] += len(fins)
             stats["generated_tokens"] += sum(f.output_tokens for f in fins)
             write_json(store.dir / f"run-{store.run:03d}.json", stats)

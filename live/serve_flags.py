@@ -12,7 +12,7 @@ from capture import CaptureError
 from core.bench_result import add_result_flags, check_save_result, goodput_slos
 from core.checks import MAX_NUMPY_SEED, bounded_int
 from core.errors import OneLineParser
-from live import prechecks, stepclock
+from live import kv_cache, prechecks, stepclock
 
 
 def build_parser(description: str | None) -> argparse.ArgumentParser:
@@ -59,6 +59,7 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, metavar="N",
                    help="default: the source trace's max_model_len")
     p.add_argument("--kv-space-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE")
+    kv_cache.add_kv_flags(p)
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="default: the source trace's dtype")
     p.add_argument("--executor", choices=["uni", "mp"], default="uni")
@@ -102,6 +103,7 @@ class Flags:
 def check_flags(args) -> Flags:
     """Every check of the flags alone, in the order the user reads them."""
     stepclock.check_clock_flags(args)
+    kv_cache.check_kv_flags(args)
     _positive(args, "requests", "max_length", "max_resident", "max_num_batched_tokens",
               "kv_space_gib", "flush_every", "decode_slots", "max_model_len")
     if args.probe_every < 0:

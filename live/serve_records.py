@@ -20,19 +20,26 @@ def scheduler_stats(engine) -> dict | None:
 
 def first_estimates(engine, known) -> dict[str, float]:
     """The live scheduler's first length estimate of each finished request (``leap_requests()``),
-    by the served request id: vLLM's engine id is that id plus ``-`` and 8 random characters
-    (``InputProcessor.assign_request_id``), or the id itself with the randomisation disabled.
-    Empty without the live scheduler in this process; NaN estimates (no predictor) are left out."""
+    by the served request id. Empty without the live scheduler in this process; NaN estimates (no
+    predictor) are left out."""
+    got = finished_by_id(engine, known, "first_predicted")
+    return {rid: float(v) for rid, v in got.items() if v is not None and math.isfinite(v)}
+
+
+def finished_by_id(engine, known, column: str) -> dict:
+    """One column of the live scheduler's finished requests (``leap_requests()``) by the served
+    request id: vLLM's engine id is that id plus ``-`` and 8 random characters
+    (``InputProcessor.assign_request_id``), or the id itself with the randomisation disabled."""
     core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
     fn = getattr(getattr(core, "scheduler", None), "leap_requests", None)
     if not callable(fn):
         return {}
     got = fn()
     out = {}
-    for engine_id, value in zip(got.get("request_id", []), got.get("first_predicted", [])):
+    for engine_id, value in zip(got.get("request_id", []), got.get(column, [])):
         rid = engine_id if engine_id in known else engine_id.rsplit("-", 1)[0]
-        if rid in known and value is not None and math.isfinite(value):
-            out[rid] = float(value)
+        if rid in known:
+            out[rid] = value
     return out
 
 
@@ -54,10 +61,12 @@ def read_sched_parts(store):
     return pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive") if files else None
 
 
-def serve_table(fins, by_id, planned_of, run: int, shift: float, estimates: dict | None = None):
+def serve_table(fins, by_id, planned_of, run: int, shift: float, estimates: dict | None = None,
+                preemptions: dict | None = None):
     """Request rows of a serving run (the trace contract plus planned_arrival_s, run,
     source_output_tokens, predicted_tokens: the live scheduler's first length estimate, null
-    without one, and the step columns; planned_arrival_s is null under the step clock)."""
+    without one, and the step columns; planned_arrival_s is null under the step clock). With a
+    bound KV cache (``preemptions`` given, ``live/kv_cache.py``): ``preemptions`` per request."""
     estimates = estimates or {}
     import pyarrow as pa
 
@@ -82,6 +91,10 @@ def serve_table(fins, by_id, planned_of, run: int, shift: float, estimates: dict
              "token_times_s": pa.list_(pa.float64()), "run": pa.int32(),
              "source_output_tokens": pa.int32(), "predicted_tokens": pa.float64(),
              "reference_output_tokens": pa.int32(), **dict.fromkeys(STEP_COLUMNS, pa.int64())}
+    if preemptions is not None:
+        types["preemptions"] = pa.int32()
+        for row in rows:
+            row["preemptions"] = preemptions.get(row["request_id"], 0)
     return pa.table({k: pa.array([row[k] for row in rows], t) for k, t in types.items()})
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from capture import CaptureError
-from live import prechecks
+from live import kv_cache, prechecks
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class Workload:
     ids: list
     reqs: list
     est_blocks: int
-    kv_need: int
+    kv_need: int | None
 
 
 def build_workload(args, live, log) -> Workload:
@@ -173,7 +173,11 @@ def build_workload(args, live, log) -> Workload:
         reqs.append(ServeRequest(rid, dom_col[i], pid_col[i], tuple(prompt_ids[rid]), int(out_col[i]),
                                  length, ref_col[i], prompt_texts[rid]))
     est_blocks = kv_blocks_estimate(cfg, dtype, args.kv_space_gib)
-    kv_need = check_kv(reqs, args.max_resident, est_blocks, 128, args.kv_space_gib,
-                       "estimated from the model config before the engine starts")
+    kv_need = None
+    if args.kv_blocks is not None:   # memory is meant to bind: only a request that can never fit is refused
+        kv_cache.check_kv_requests(reqs, args)
+    else:
+        kv_need = check_kv(reqs, args.max_resident, est_blocks, 128, args.kv_space_gib,
+                           "estimated from the model config before the engine starts")
     return Workload(live, src, cfg, model_dir, template, tsha, dtype, max_model_len, n, rows, ids, reqs,
                     est_blocks, kv_need)

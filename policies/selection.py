@@ -42,3 +42,18 @@ def choose_decodes(policy: Policy, view: SchedulerView, ready: np.ndarray, *, de
         picked = rank(policy, view, ready[~starving], decode_slots - n_forced)
         return np.concatenate([forced, picked]), n_forced
     return rank(policy, view, ready, decode_slots), 0
+
+
+def victim_order(policy: Policy, view: SchedulerView, ready: np.ndarray, chosen: np.ndarray,
+                 n_forced: int) -> np.ndarray:
+    """Every row of ``ready`` in the order a KV shortage spares them (docs/semantics.md "KV blocks" 3):
+    the step's decodes first (the wait cap's forced ones as ``choose_decodes`` lists them, then the
+    rest of ``chosen`` in the policy's order), then the residents not chosen in the policy's order.
+    Decodes ask for blocks from the front and the last row not yet preempted is the next victim, so a
+    forced decode is spared while any request the policy ranks behind it remains, and no victim has
+    been served its block already: vLLM's running queue read from the front and popped from the back
+    (``live.scheduler`` hands vLLM exactly this order)."""
+    ranked = rank(policy, view, ready, len(ready))
+    forced = chosen[:n_forced]
+    picked = np.isin(ranked, chosen)
+    return np.concatenate([forced, ranked[picked & ~np.isin(ranked, forced)], ranked[~picked]])

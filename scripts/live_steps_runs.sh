@@ -12,6 +12,9 @@
 #   WORKLOADS=lmsys bash scripts/live_steps_runs.sh fcfs-0.8  # only this run
 #   N=40 CAPACITY_FROM=traces/live/alpaca200-steps-capacity.json WORKLOADS=alpaca \
 #       bash scripts/live_steps_runs.sh fcfs-1.3 oracle-1.3   # a small set at the 200's capacity
+#   KV_BLOCKS=88 N=40 CAPACITY_FROM=traces/live/alpaca200-steps-capacity.json WORKLOADS=alpaca \
+#       bash scripts/live_steps_runs.sh fcfs-1.3 oracle-1.3 leap-1.3   # a KV cache of 88 blocks of
+#       # KV_BLOCK_SIZE (32) tokens, small enough to preempt: alpaca40-steps-kv88-*.parquet
 #   nohup setsid bash scripts/live_steps_runs.sh > /tmp/steps.log 2>&1 &
 #   CPU=0 WORKLOADS=lmsys nohup setsid bash scripts/live_steps_runs.sh > /tmp/steps0.log 2>&1 &
 #
@@ -22,6 +25,8 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/live_env.sh"
 OUTDIR="${OUTDIR:-traces/live}"
 WORKLOADS="${WORKLOADS:-alpaca lmsys}"
+KV=()                                  # KV_BLOCKS=N: a bound KV cache (live/kv_cache.py), runs named -kvN-
+[ -n "${KV_BLOCKS:-}" ] && KV=(--kv-blocks "$KV_BLOCKS" --kv-block-size "${KV_BLOCK_SIZE:-32}" --kv-space-gib 1)
 
 declare -A READOUT_TRAIN=([alpaca]=lmsys [lmsys]=alpaca)
 # name -> policy predictor load
@@ -58,7 +63,7 @@ for wl in $WORKLOADS; do
 
   for name in ${ORDER[@]+"${ORDER[@]}"}; do
     read -r policy predictor load <<<"${RUNS[$name]}"
-    out="$OUTDIR/$wl$N-steps-$name.parquet"
+    out="$OUTDIR/$wl$N-steps${KV_BLOCKS:+-kv$KV_BLOCKS}-$name.parquet"
     if [ -f "$out" ] && [ ! -d "$out.parts" ]; then echo "== $name: done ($out)"; continue; fi
     extra=()
     case "$predictor" in leap|leap-rls) extra=(--readout "$readout");; esac
@@ -66,7 +71,7 @@ for wl in $WORKLOADS; do
     echo "== $wl$N $name: $policy + $predictor at ${load}x -> $out ($(date -u +%H:%M:%S))"
     # a failed run (or one another engine is recording: its output is locked) does not stop the rest
     taskset -c "$CPU" "$PY" -m live.serve "${COMMON[@]}" --policy "$policy" --predictor "$predictor" \
-        --arrivals poisson --load "${load}x" --capacity "$capacity" --out "$out" "${extra[@]}" \
+        --arrivals poisson --load "${load}x" --capacity "$capacity" --out "$out" "${extra[@]}" ${KV[@]+"${KV[@]}"} \
         || echo "== $wl$N $name: FAILED (exit $?), continuing"
   done
 done

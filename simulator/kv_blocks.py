@@ -3,8 +3,8 @@
 A request holds ``ceil(tokens / block_size)`` blocks, ``tokens`` being those whose KV has been
 computed: from admission its whole prefill (the prompt, or after a preemption the prompt and every
 token generated so far), then one more per decode. A decode that needs a block when none is free
-preempts the resident request the policy ranks last (vLLM V1 preempts the last of its running
-queue): its blocks are freed and it goes back to the front of the waiting requests, to be prefilled
+preempts the last resident of :func:`policies.selection.victim_order` (vLLM V1 preempts the last of
+its running queue, which the live scheduler orders the same way): its blocks are freed and it goes back to the front of the waiting requests, to be prefilled
 again with its generated tokens. The scheduler (:mod:`simulator.scheduler`) asks; this class keeps
 the counts and says who goes.
 """
@@ -53,22 +53,24 @@ class KVBlocks:
         self.used -= int(self.held[done].sum())
         self.held[done] = 0
 
-    def grow_decodes(self, chosen: np.ndarray, ranked_last: Callable[[], np.ndarray]) -> np.ndarray:
-        """Give each decode of ``chosen`` (in order) the block its next token needs, preempting from
-        the end of ``ranked_last()`` (every resident in the policy's order, asked once) while none is
-        free; returns the preempted rows (in preemption order; they decode nothing this step)."""
+    def grow_decodes(self, chosen: np.ndarray, ordered: Callable[[], np.ndarray]) -> np.ndarray:
+        """Give each decode of ``chosen`` the block its next token needs; returns the preempted rows
+        (in preemption order; they decode nothing this step). Only in a step short of blocks is
+        ``ordered()`` asked (once): every resident in the order a shortage spares them
+        (:func:`policies.selection.victim_order`, ``chosen`` its first rows). The decodes then ask
+        from its front and, while none is free, the last row not yet preempted goes."""
         t = self.table
         need = self.blocks(t.prompt[chosen] + t.generated[chosen]) - self.held[chosen]
-        if not need.any():
+        if int(need.sum()) <= self.free:
+            self.held[chosen] += need
+            self.used += int(need.sum())
             return chosen[:0]
-        order: list[int] | None = None
+        order: list[int] = ordered().tolist()
         gone: list[int] = []
-        for r, more in zip(chosen.tolist(), need.tolist()):
-            if not more or self.recompute[r]:   # nothing to add, or preempted already this step
-                continue
+        for r in order[:len(chosen)]:
+            if self.recompute[r] or self.blocks(t.prompt[r] + t.generated[r]) <= self.held[r]:
+                continue   # preempted already this step, or nothing to add
             while self.free == 0:
-                if order is None:
-                    order = ranked_last().tolist()
                 victim = order.pop()
                 while self.recompute[victim]:
                     victim = order.pop()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from policies.base import Policy, SchedulerView
-from policies.selection import choose_decodes, rank
+from policies.selection import choose_decodes, victim_order
 from simulator.config import EngineConfig
 from simulator.kv_blocks import KVBlocks
 from simulator.requests import RequestTable
@@ -127,7 +127,7 @@ class Scheduler:
         """KV blocks for the step's decodes (:meth:`KVBlocks.grow_decodes`): the preempted leave the
         residents and the decodes (docs/semantics.md "KV blocks")."""
         assert self.kv is not None
-        preempted = self.kv.grow_decodes(chosen, lambda: rank(self.policy, self.view, ready, len(ready)))
+        preempted = self.kv.grow_decodes(chosen, lambda: victim_order(self.policy, self.view, ready, chosen, n_forced))
         if len(preempted):
             t = self.table
             t.resident = t.resident[~np.isin(t.resident, preempted)]

@@ -24,7 +24,7 @@ def is_serving(trace: Trace) -> bool:
 
 def serving_engine_config(trace: Trace) -> EngineConfig:
     """The live run's engine settings: resident cap, decode slots, wait cap, the token budget shared
-    by decodes and prefill chunks, chunked prefill as vLLM V1 ran it."""
+    by decodes and prefill chunks, chunked prefill as vLLM V1 ran it, a bound KV cache."""
     s = serving_meta(trace)
     args = ((trace.metadata or {}).get("backend_details") or {}).get("engine_args") or {}
     chunked = args.get("enable_chunked_prefill", True)
@@ -33,9 +33,17 @@ def serving_engine_config(trace: Trace) -> EngineConfig:
         return EngineConfig(max_resident=int(s["max_resident"]), decode_slots=int(s["decode_slots"]),
                             prefill_token_budget=int(budget),
                             wait_cap=int(s.get("wait_cap") or 0), chunked_prefill=bool(chunked),
-                            decodes_in_budget=True)
+                            decodes_in_budget=True, **_kv_bound(s))
     except (KeyError, TypeError) as exc:
         raise ValueError(f"trace {trace.name!r}: serving metadata lacks an engine setting ({exc})") from None
+
+
+def _kv_bound(s: dict) -> dict:
+    """A live run whose KV cache was bound (``leap-serve --kv-blocks``, ``live/kv_cache.py``): the
+    same blocks (docs/semantics.md "KV blocks"); none for a run with the engine's own cache."""
+    if s.get("kv_blocks_bound") is None:
+        return {}
+    return {"kv_blocks": int(s["kv_blocks_bound"]), "kv_block_size": int(s["kv_block_size"])}
 
 
 #: Source traces given by path (``leap-validate --source PATH``), by content hash.

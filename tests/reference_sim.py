@@ -31,9 +31,11 @@ Semantics implemented (docs/semantics.md):
   KV computed); one admitted and still prefilling holds its whole prefill's blocks. Decode choice
   comes first; each decoded request, in decode order, needs ceil((prompt + generated) /
   block_size) blocks; while it needs one more than it holds and none is free, the resident request
-  ranked last by the policy's decode order over all residents (no wait cap; fcfs: the highest row)
-  that is not yet preempted this step is preempted (it may be the request itself): it decodes
-  nothing, holds nothing, and waits in front of every other waiting request (the last preempted
+  last in the step's sparing order that is not yet preempted this step is preempted (it may be the
+  request itself). The sparing order: the wait cap's forced decodes, then the other decodes in the
+  policy's decode order, then the residents not decoded in that order (fcfs: row order, so the
+  highest row not decoded goes first); the decodes ask for blocks in that order too. A preempted
+  request decodes nothing, holds nothing, and waits in front of every other waiting request (the last preempted
   first); its next prefill is prompt + generated tokens and emits its next token (not a first
   token, not an admission). A step that preempted admits nothing. Otherwise admission takes the
   re-queued requests first, then the usual candidates, the longest prefix that also fits the free
@@ -185,7 +187,9 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
         preempted, grown = [], 0
         if kv_blocks is not None:
             ranked = _policy_order(policy, ready, row_of, pred, generated, t, arrival)
-            preempted, grown = _grow_blocks(decoded, ranked, prompt, generated, computed, fill, state, kv_blocks,
+            spared = forced + [i for i in ranked if i in decoded and i not in forced] + [
+                i for i in ranked if i not in decoded]   # decodes ask from the front, victims from the back
+            preempted, grown = _grow_blocks(spared[:len(decoded)], spared, prompt, generated, computed, fill, state, kv_blocks,
                                      block_size, rows)
             for i in preempted:
                 state[i] = WAITING

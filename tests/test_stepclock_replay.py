@@ -2,7 +2,8 @@
 step-clocked serving run under traces/live/ (``*-steps-*.parquet``, found by glob so that new runs
 are covered without editing) is replayed by the simulator alone (no vLLM) and every request's
 finish step must equal the live one: all of them for FCFS and oracle countdown, at least 99% for
-leap and leap-rls (their estimates come from the live engine's float hidden states).
+leap and leap-rls (their estimates come from the live engine's float hidden states); runs with a
+bound KV cache (``-kvN-``, ``leap-serve --kv-blocks``) hold each request's preemptions the same way.
 
 No step-clocked run found is a failure, not a skip: the runs are part of the repository."""
 
@@ -33,3 +34,7 @@ def test_replay_finishes_every_request_at_the_live_step(path):
     assert row["finish_step_match_share"] >= target, (
         f"{path.name}: {row['finish_step_match_share']:.2%} of finish steps equal (target {target:.0%}); "
         f"first divergence at step {row['first_divergence_step']}; mismatches {shown}")
+    if "preemptions_match_share" in row:   # a bound KV cache (leap-serve --kv-blocks): preemptions too
+        assert row["preemptions_match_share"] >= target, (
+            f"{path.name}: {row['preemptions_match_share']:.2%} of preemption counts equal (target {target:.0%}); "
+            f"live {row['preemptions_live']}, simulated {row['preemptions_sim']}")
