@@ -65,6 +65,7 @@ def mem_probe_buffer() -> torch.Tensor:
 class CaptureExt:
     # vLLM mixes this class into its worker (``worker_extension_cls``), which provides these
     model_runner: Any
+    vllm_config: Any
     parallel_config: Any
     cache_config: Any
     rank: int

@@ -35,8 +35,8 @@ def attach(engine):
         from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
         if not isinstance(engine.model_executor, UniProcExecutor):
-            raise LiveConfigError("the LEAP hook hands predictions to the scheduler in-process: use the "
-                                  "'uni' executor (distributed_executor_backend='uni')")
+            raise LiveConfigError("the LEAP hook hands predictions to the scheduler in-process: use "
+                                  "distributed_executor_backend='live.tap_executor.TapExecutor' (to_engine_args)")
         f = cfg.readout_file()
         engine.collective_rpc("lv_install", args=(sched.leap_channel, f.info["layer"], f.folded(),
                                                   cfg.predictor == "leap-rls"))

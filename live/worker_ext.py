@@ -1,12 +1,16 @@
-"""vLLM worker extension: LEAP's read-out applied inside the forward, at the end of prefill.
+"""vLLM worker extension: LEAP's read-out applied after the forward, at the end of prefill.
 
 Loaded by ``worker_extension_cls="live.worker_ext.LiveExt"`` (vLLM appends it to the Worker's
 bases). It extends :class:`capture.vllm_ext.CaptureExt` (so the capture methods and step timer stay
-available to a serving-run driver) with ``lv_install``: a forward hook on decoder layer k that, in
-the step whose chunk holds a request's last prompt token, takes the residual stream at that token
-(``out[0] + out[1]``, the same row arithmetic as the capture hook) and applies the read-out's
-folded float32 weights on the model's device: lin = x . w + b, clip, square. The results (and,
-for leap-rls, the raw vectors) go to a :class:`PredictionChannel`.
+available to a serving-run driver) with ``lv_tap`` and ``lv_install``. ``lv_tap`` (called by
+:class:`live.tap.TapExecutor` once the model is loaded, before vLLM traces it) puts LEAP's tap on
+decoder layer k (:mod:`live.tap`): a custom op inside the layer's forward that writes the residual
+stream of every row of the step (``out[0] + out[1]``, the capture hook's row arithmetic) into a
+static buffer, in compiled and eager mode alike. ``lv_install`` adds a forward hook on the top-level
+model (plain Python around the compiled decoder stack): in the step whose chunk holds a request's
+last prompt token it takes that token's row from the buffer and applies the read-out's folded
+float32 weights on the model's device: lin = x . w + b, clip, square. The results (and, for
+leap-rls, the raw vectors) go to a :class:`PredictionChannel`.
 
 Channel choice: with the in-process ``uni`` executor, ``collective_rpc`` calls the worker method
 directly, so the scheduler passes its own channel object to ``lv_install`` (``live.attach``). One
@@ -23,6 +27,7 @@ import numpy as np
 import torch
 
 from capture.vllm_ext import CaptureExt, query_starts
+from live.tap import install_tap, tapped_layer
 
 
 class PredictionChannel:
@@ -55,12 +60,22 @@ class PredictionChannel:
 
 
 class LiveExt(CaptureExt):
+    def lv_tap(self, layer: int) -> dict:
+        """Tap decoder ``layer`` (before the model's first forward: vLLM traces the model once)."""
+        r = self.model_runner
+        install_tap(r.model, int(layer), int(self.vllm_config.scheduler_config.max_num_batched_tokens))
+        return {"layer": int(layer), "compiled": not self.vllm_config.model_config.enforce_eager}
+
     def lv_install(self, channel: PredictionChannel, layer: int, folded: tuple, keep_vectors: bool):
-        """Hook decoder ``layer``; ``folded`` = (w float32 (d,), b, lo, hi, square, cap)."""
+        """Read the tap of decoder ``layer``; ``folded`` = (w float32 (d,), b, lo, hi, square, cap)."""
         r = self.model_runner
         layers = r.model.get_submodule("model.layers")
         if not 0 <= int(layer) < len(layers):
             raise ValueError(f"layer {layer} out of range: the model has {len(layers)} decoder layers")
+        tap = tapped_layer(r.model)
+        if tap is None or tap[0] != int(layer):
+            raise ValueError(f"decoder layer {layer} carries no LEAP tap: the engine must run live.tap.TapExecutor "
+                             "(or the plugin's executor), which taps the layer before vLLM traces the model")
         w, b, lo, hi, square, cap = folded
         if not square:
             raise ValueError("the live hook applies the sqrt-target read-out only (python -m live.readout)")
@@ -74,10 +89,12 @@ class LiveExt(CaptureExt):
                            float(cap))
         self._lv_keep = bool(keep_vectors)
         self._lv_channel = channel
-        self._lv_handle = layers[int(layer)].register_forward_hook(self._lv_hook)
+        self._lv_buffer = tap[1]
+        self._lv_handle = r.model.register_forward_hook(self._lv_hook)
         channel.installed = True
         channel.layer = int(layer)
-        return {"layer": int(layer), "num_layers": len(layers), "hidden_size": hidden}
+        return {"layer": int(layer), "num_layers": len(layers), "hidden_size": hidden,
+                "compiled": not self.vllm_config.model_config.enforce_eager}
 
     def _lv_hook(self, mod, args, out):
         if not self._lv_active:
@@ -105,13 +122,7 @@ class LiveExt(CaptureExt):
                 return
             sel, ids = sel[fresh], [ids[j] for j in fresh]
             ch.seen.update(ids)
-            hs, res = out if isinstance(out, tuple) else (out, None)
-            rows = torch.from_numpy(qsl[sel] + off[sel])
-            idx = rows.to(hs.device, non_blocking=True) if hs.is_cuda else rows
-            vec = hs.index_select(0, idx)
-            if res is not None:
-                vec = vec + res.index_select(0, idx)
-            vec = vec.detach().float()
+            vec = self._lv_buffer.rows(qsl[sel] + off[sel])
             if self._lv_w is None or self._lv_w.device != vec.device:
                 self._lv_w = torch.from_numpy(self._lv_params[0]).to(vec.device)
             _, b, lo, hi, square, cap = self._lv_params

@@ -184,7 +184,7 @@ def simulated_finish_steps(policy: str, lengths, prompts, *, max_resident, decod
 
 
 # ----------------------------------------------------------------------------- the live engine
-def _run_live(cfg: LiveSchedulerConfig, lengths, prompts, texts=None, before_steps=None):
+def _run_live(cfg: LiveSchedulerConfig, lengths, prompts, texts=None, before_steps=None, eager: bool = True):
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
@@ -194,7 +194,7 @@ def _run_live(cfg: LiveSchedulerConfig, lengths, prompts, texts=None, before_ste
 
     cfg.check_model(MODEL, kv_cache_gib=float(os.environ["VLLM_CPU_KVCACHE_SPACE"]))
     args = dict(model=str(MODEL), dtype="float32", seed=0, max_model_len=256, max_num_batched_tokens=512,
-                enable_prefix_caching=False, disable_log_stats=True, enforce_eager=True)
+                enable_prefix_caching=False, disable_log_stats=True, enforce_eager=eager)
     args.update(cfg.to_engine_args())
     engine = LLMEngine.from_engine_args(EngineArgs(**args))
     try:

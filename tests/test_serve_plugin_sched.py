@@ -78,7 +78,7 @@ def test_hook_predictors_get_the_worker_extension_and_eager_mode(tmp_path):
     cfg = LiveSchedulerConfig(policy="aging", predictor="leap-rls", max_resident=4, decode_slots=2, readout=str(path))
     argv = serve_argv(cfg, "MODEL")
     assert argv[argv.index("--worker-extension-cls") + 1] == "leap_sched.vllm.WorkerExtension"
-    assert "--enforce-eager" in argv
+    assert "--enforce-eager" not in argv          # the tap runs in the compiled model (live.tap)
     assert json.loads(argv[argv.index("--additional-config") + 1])["leap"]["readout"] == str(path)
 
 
@@ -114,7 +114,7 @@ def _engine_config(leap: dict, **engine):
 
 @needs_vllm
 @pytest.mark.parametrize("case", ["unknown_key", "max_resident", "executor", "tensor_parallel", "priority",
-                                  "no_worker_extension", "not_eager", "readout_other_model"])
+                                  "no_worker_extension", "readout_other_model"])
 def test_settings_vllm_cannot_honour_are_refused_with_one_line(case, tmp_path):
     """What the served tests cannot afford a server each for: the same check the executor and the
     scheduler run at start-up (in a test process it raises; in the engine core it prints and exits 2)."""
@@ -140,8 +140,7 @@ def test_settings_vllm_cannot_honour_are_refused_with_one_line(case, tmp_path):
         "tensor_parallel": (oracle, {}, "tensor/pipeline parallel size 2x1"),
         "priority": (oracle, {"scheduling_policy": "priority"}, "--scheduling-policy priority: ordered admission"),
         "no_worker_extension": (leap, {}, "needs the hook: pass --worker-extension-cls leap_sched.vllm.WorkerExtension"),
-        "not_eager": (leap, {**hook, "enforce_eager": False}, "pass --enforce-eager"),
-        "readout_other_model": (leap, hook, "is for hidden size 64, but the served model"),
+        "readout_other_model": (leap, {**hook, "enforce_eager": False}, "is for hidden size 64, but the served model"),
     }[case]
     vc = _engine_config(leap_args, **engine)
     if case == "tensor_parallel":

@@ -93,6 +93,7 @@ def test_the_printed_command_serves_from_another_folder_and_reports_what_check_p
     server = server_factory.command(printed["serve_command"], "printed", tmp_path, "--max-model-len 512")
     server.wait_ready()
     served = server.get(SETTINGS_PATH)
+    assert "--enforce-eager" not in printed["serve_command"] and served["enforce_eager"] is False   # compiled (issue 31)
     assert served["scheduler_cls"] == printed["scheduler_cls"] == "leap_sched.vllm.Scheduler"
     model = printed["model"]
     assert (served["kv_blocks"], served["block_size"], served["dtype"]) == \

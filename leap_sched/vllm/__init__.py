@@ -1,6 +1,6 @@
 """LEAP scheduling in ``vllm serve``: the classes vLLM's own flags load (docs/serving.md).
 
-    vllm serve MODEL --max-num-seqs 64 --enforce-eager \\
+    vllm serve MODEL --max-num-seqs 64 \\
         --scheduler-cls leap_sched.vllm.Scheduler \\
         --distributed-executor-backend leap_sched.vllm.Executor \\
         --worker-extension-cls leap_sched.vllm.WorkerExtension \\

@@ -84,7 +84,7 @@ def serve_argv(cfg: LiveSchedulerConfig, model: str, *, launcher: str = "vllm", 
     argv = [*head, "--max-num-seqs", str(cfg.max_resident), "--scheduler-cls", SCHEDULER_CLS,
             "--distributed-executor-backend", EXECUTOR_CLS, "--middleware", SETTINGS_MIDDLEWARE]
     if cfg.needs_hook:
-        argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS, "--enforce-eager"]
+        argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
     if dtype is not None:
         argv += ["--dtype", dtype]
     if block_size is not None:

@@ -3,24 +3,24 @@ the hand-off that connects LEAP's hook and scheduler inside one engine-core proc
 
 The executor checks the plugin's settings before the model loads (a bad setting costs seconds,
 not a model load). The scheduler owns its :class:`live.worker_ext.PredictionChannel` and sends it
-on every ``SchedulerOutput`` (same process, no serialisation); before the first forward the
-executor installs the hook with that channel through ``collective_rpc`` (the worker extension's
-``lv_install``). One channel per engine, found through the engine's own step, no module global.
+on every ``SchedulerOutput`` (same process, no serialisation). Right after the model loads,
+before vLLM traces it, the executor taps layer k (:class:`live.tap_executor.TapExecutor`); before
+the first served step it installs the read-out with that channel through ``collective_rpc`` (the
+worker extension's ``lv_install``). One channel per engine, found through the engine's own step, no module global.
 """
 
 from __future__ import annotations
 
-from vllm.v1.executor.uniproc_executor import UniProcExecutor
-
 from leap_sched.vllm.internals import check_vllm
 from leap_sched.vllm.settings import leap_entry, refusing, scheduler_config
+from live.tap_executor import TapExecutor
 
 #: ``SchedulerOutput`` attribute the scheduler sets to its channel (hook predictors only).
 CHANNEL_ATTR = "leap_channel"
 
 
-class Executor(UniProcExecutor):
-    """vLLM's ``uni`` executor (the model runs in the engine-core process) that installs LEAP's hook."""
+class Executor(TapExecutor):
+    """vLLM's ``uni`` executor (the model runs in the engine-core process) that installs LEAP's tap and hook."""
 
     installs_leap_hook = True   # settings.INSTALLS_HOOK: what check_executor accepts
 

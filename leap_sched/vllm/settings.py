@@ -5,7 +5,7 @@ fields (``max_resident`` defaults to ``--max-num-seqs``) plus ``allow_untested_v
 ``log_interval_s``. Everything the plugin cannot honour stops the engine at start-up: the
 setting errors ``LiveSchedulerConfig`` refuses, a read-out for another model (hidden size, layer
 count, model id), ordered admission with vLLM's priority policy, tensor or pipeline parallelism, an executor other than the plugin's
-(``leap_sched.vllm.Executor``), and a hook predictor without eager mode or the worker extension.
+(``leap_sched.vllm.Executor``), and a hook predictor without the worker extension.
 In vLLM's engine-core process a refusal is one line on stderr and exit status 2 (vLLM's front end
 then reports that the engine core failed to start); where vLLM runs in the caller's process it is
 a :class:`LiveConfigError`.
@@ -103,7 +103,8 @@ def check_executor(vllm_config) -> None:
 
 
 def check_hook_setup(vllm_config, cfg: LiveSchedulerConfig) -> None:
-    """A hook predictor needs eager mode, the plugin's worker extension, and a read-out for this model."""
+    """A hook predictor needs the plugin's worker extension and a read-out for this model (compiled or eager:
+    the tap is part of the traced graph, live.tap)."""
     ext = vllm_config.parallel_config.worker_extension_cls
     if not ext:
         raise LiveConfigError(f"predictor {cfg.predictor!r} needs the hook: pass --worker-extension-cls "
@@ -114,9 +115,6 @@ def check_hook_setup(vllm_config, cfg: LiveSchedulerConfig) -> None:
 
     if not issubclass(resolve_obj_by_qualname(ext), LiveExt):
         raise LiveConfigError(f"--worker-extension-cls {ext} is not leap_sched's: pass {WORKER_EXTENSION_CLS}")
-    if not vllm_config.model_config.enforce_eager:
-        raise LiveConfigError(f"predictor {cfg.predictor!r} hooks a decoder layer, which a compiled forward "
-                              "never calls: pass --enforce-eager")
     check_readout_model(cfg, vllm_config.model_config)
 
 
