@@ -17,6 +17,7 @@ from experiments import live_replay
 from predictors.base import PredictorOptions
 from simulator.compiled import DEFAULT_KERNEL
 from simulator.engine import RunResult
+from simulator.fleet import FleetSimulation
 from simulator.runner import RunConfig, execute, prepare
 from simulator.serving import serving_meta
 from simulator.stepclock import step_column, trace_clock
@@ -49,9 +50,10 @@ def step_replay_config(trace: Trace, kernel: str = DEFAULT_KERNEL) -> RunConfig:
     options = PredictorOptions(train_trace=train, update_every=live_replay.update_every(trace))
     if trace.path is None:
         raise ValueError(f"trace {trace.name!r}: a step-clocked run is replayed from its file")
+    fleet = {"replicas": int(s["replicas"]), "router": str(s["router"])} if s.get("replicas", 1) > 1 else {}
     return RunConfig(trace=str(trace.path), predictor=predictor, policy=str(s.get("policy", "fcfs")),
                      engine="unit", load=None, arrivals=ArrivalSpec("steps"), preset="recorded",
-                     predictor_options=options, charge_cost=False, kernel=kernel)
+                     predictor_options=options, charge_cost=False, kernel=kernel, **fleet)
 
 
 def replay_steps(trace: Trace, kernel: str = DEFAULT_KERNEL) -> RunResult:
@@ -59,7 +61,11 @@ def replay_steps(trace: Trace, kernel: str = DEFAULT_KERNEL) -> RunResult:
     simulator would not, or the other way round)."""
     prepared = prepare(step_replay_config(trace, kernel))
     sim = prepared.simulation
-    sim_orders = sim.predictor is not None and sim.predictor.stage == "arrival" and sim.policy.uses_predictions
+    if isinstance(sim, FleetSimulation):   # a live fleet: every replica runs the same policy and predictor
+        predictor, policy = (sim.predictors[0] if sim.predictors else None), sim.make_policy()
+    else:
+        predictor, policy = sim.predictor, sim.policy
+    sim_orders = predictor is not None and predictor.stage == "arrival" and policy.uses_predictions
     live_replay.check_admission_order(trace, sim_orders, "the step-clock replay")
     _, result = execute(prepared)
     return result
@@ -86,6 +92,10 @@ def compare_steps(trace: Trace, result: RunResult) -> dict:
          "sim_finish_step": int(sim["finish_step"][i]), "live_admit_step": int(live["admit_step"][i]),
          "sim_admit_step": int(sim["admit_step"][i])} for i in bad.tolist()]
     out["first_divergence_step"] = _first_divergence(live, sim)
+    if "replica" in trace.table.column_names:   # a live fleet: the replica each request was routed to
+        live_replica = trace.table.column("replica").to_numpy(zero_copy_only=False).astype(np.int64)
+        sim_replica = np.asarray(result.replica)[order]
+        out["replica_match_share"] = float(np.mean(live_replica == sim_replica)) if len(ids) else 1.0
     if "predicted_tokens" in trace.table.column_names:   # the live scheduler's first estimate vs the simulator's
         live_est = trace.table.column("predicted_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
         sim_est = np.asarray(result.predicted_tokens, dtype=np.float64)[order]
@@ -121,6 +131,7 @@ def validate_step_run(trace: Trace, kernel: str = DEFAULT_KERNEL) -> dict:
     live_pred = s.get("predictor", "none")
     result = replay_steps(trace, kernel)
     row = {"run": trace.name, "clock": "steps", "policy": s.get("policy", "fcfs"), "predictor": live_pred,
+           **({"replicas": s["replicas"], "router": s["router"]} if s.get("replicas", 1) > 1 else {}),
            "load": s.get("load"), "capacity_req_per_step": s.get("capacity_req_per_step"),
            "requests": len(trace), "replay": "arrivals at arrival_step, unit-time steps, nothing charged"}
     comparison = compare_steps(trace, result)

@@ -82,6 +82,10 @@ def serve_table(fins, by_id, planned_of, run: int, shift: float, estimates: dict
              "token_times_s": pa.list_(pa.float64()), "run": pa.int32(),
              "source_output_tokens": pa.int32(), "predicted_tokens": pa.float64(),
              "reference_output_tokens": pa.int32(), **dict.fromkeys(STEP_COLUMNS, pa.int64())}
+    if any("replica" in (f.step_marks or {}) for f in fins):   # a live fleet (live.fleet)
+        for row, f in zip(rows, fins):
+            row["replica"] = f.step_marks["replica"]
+        types["replica"] = pa.int32()
     return pa.table({k: pa.array([row[k] for row in rows], t) for k, t in types.items()})
 
 
