@@ -15,6 +15,7 @@ import numpy as np
 from core.trace import Trace
 from experiments import live_replay
 from predictors.base import PredictorOptions
+from routers import DEFAULT_ROUTER
 from simulator.compiled import DEFAULT_KERNEL
 from simulator.engine import RunResult
 from simulator.fleet import FleetSimulation
@@ -50,10 +51,11 @@ def step_replay_config(trace: Trace, kernel: str = DEFAULT_KERNEL) -> RunConfig:
     options = PredictorOptions(train_trace=train, update_every=live_replay.update_every(trace))
     if trace.path is None:
         raise ValueError(f"trace {trace.name!r}: a step-clocked run is replayed from its file")
-    fleet = {"replicas": int(s["replicas"]), "router": str(s["router"])} if s.get("replicas", 1) > 1 else {}
+    replicas, router = int(s.get("replicas", 1)), str(s.get("router", DEFAULT_ROUTER))
     return RunConfig(trace=str(trace.path), predictor=predictor, policy=str(s.get("policy", "fcfs")),
                      engine="unit", load=None, arrivals=ArrivalSpec("steps"), preset="recorded",
-                     predictor_options=options, charge_cost=False, kernel=kernel, **fleet)
+                     predictor_options=options, charge_cost=False, kernel=kernel, replicas=replicas,
+                     router=router)
 
 
 def replay_steps(trace: Trace, kernel: str = DEFAULT_KERNEL) -> RunResult:

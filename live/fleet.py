@@ -259,9 +259,11 @@ def start_fleet(args, new_backend, log) -> LiveFleet:
     from routers import make_router
 
     cores = replica_cores(args.threads, args.replicas)
+    allowed = os.sched_getaffinity(0)
     backends = []
     try:
         for i, core in enumerate(cores):
+            os.sched_setaffinity(0, allowed)    # each engine start pins the thread to its own core
             log(f"replica {i}: starting its engine on core {core}")
             backends.append(new_backend(core))
             live_pkg.attach(backends[-1].engine)
