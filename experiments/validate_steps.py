@@ -145,16 +145,23 @@ def validate_step_run(trace: Trace, kernel: str = DEFAULT_KERNEL) -> dict:
     return row
 
 
+def _replica_cell(row: dict) -> str:
+    """A live fleet's replica agreement and router; '-' for one engine."""
+    if "replica_match_share" not in row:
+        return "-"
+    return f"{row['replica_match_share']:.1%} ({row['replicas']} x {row['router']})"
+
+
 def step_runs_section(rows: list[dict]) -> str:
     """Markdown table of step-clocked rows (``leap-validate`` without ``--json``)."""
     lines = ["## Step-clocked serving runs: finish step, live vs simulated\n",
              "| run | policy | predictor | load | requests | finish step equal | target | admit equal "
-             "| first token equal | first divergence step |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| first token equal | first divergence step | replica equal (router) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         first = r.get("first_divergence_step")
         lines.append(f"| {r['run']} | {r['policy']} | {r['predictor']} | {r['load']} | {r['requests']} | "
                      f"{r['finish_step_match_share']:.1%} | {r['finish_step_target']:.0%} | "
                      f"{r['admit_step_match_share']:.1%} | {r['first_token_step_match_share']:.1%} | "
-                     f"{'-' if first is None else first} |")
+                     f"{'-' if first is None else first} | {_replica_cell(r)} |")
     return "\n".join(lines) + "\n"

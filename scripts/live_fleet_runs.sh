@@ -15,6 +15,7 @@
 set -euo pipefail
 N="${N:-40}"
 CPUS="${CPUS:-0-1}"
+KV_GIB="${KV_GIB:-2}"       # per engine: two in one process; check_kv refuses a cache that cannot hold the cap
 source "$(dirname "${BASH_SOURCE[0]}")/live_env.sh"
 OUTDIR="${OUTDIR:-traces/live/fleet}"
 WORKLOADS="${WORKLOADS:-alpaca lmsys}"
@@ -48,7 +49,7 @@ for wl in $WORKLOADS; do
     if [ -e "$out" ] || [ -d "$out.parts" ]; then extra+=(--overwrite); fi
     echo "== $wl$N $name -> $out ($(date -u +%H:%M:%S))"
     taskset -c "$CPUS" "$PY" -m live.serve --from "traces/$wl.parquet" --requests "$N" --force-lengths \
-        --max-length "$MAXLEN" --max-resident 64 --decode-slots 16 --wait-cap 128 --threads "$CPUS" \
+        --max-length "$MAXLEN" --max-resident 64 --decode-slots 16 --wait-cap 128 --threads "$CPUS" --kv-space-gib "$KV_GIB" \
         --seed 0 --clock steps --replicas 2 --router "$router" --policy "$policy" --predictor "$predictor" \
         --arrivals poisson --load "${load}x" --capacity "$capacity" --out "$out" "${extra[@]}" \
         || echo "== $wl$N $name: FAILED (exit $?), continuing"
