@@ -15,8 +15,10 @@ import numpy as np
 from core.trace import Trace
 from experiments import live_replay
 from predictors.base import PredictorOptions
+from routers import DEFAULT_ROUTER
 from simulator.compiled import DEFAULT_KERNEL
 from simulator.engine import RunResult
+from simulator.fleet import FleetSimulation
 from simulator.runner import RunConfig, execute, prepare
 from simulator.serving import serving_meta
 from simulator.stepclock import step_column, trace_clock
@@ -49,9 +51,11 @@ def step_replay_config(trace: Trace, kernel: str = DEFAULT_KERNEL) -> RunConfig:
     options = PredictorOptions(train_trace=train, update_every=live_replay.update_every(trace))
     if trace.path is None:
         raise ValueError(f"trace {trace.name!r}: a step-clocked run is replayed from its file")
+    replicas, router = int(s.get("replicas", 1)), str(s.get("router", DEFAULT_ROUTER))
     return RunConfig(trace=str(trace.path), predictor=predictor, policy=str(s.get("policy", "fcfs")),
                      engine="unit", load=None, arrivals=ArrivalSpec("steps"), preset="recorded",
-                     predictor_options=options, charge_cost=False, kernel=kernel)
+                     predictor_options=options, charge_cost=False, kernel=kernel, replicas=replicas,
+                     router=router)
 
 
 def replay_steps(trace: Trace, kernel: str = DEFAULT_KERNEL) -> RunResult:
@@ -59,7 +63,11 @@ def replay_steps(trace: Trace, kernel: str = DEFAULT_KERNEL) -> RunResult:
     simulator would not, or the other way round)."""
     prepared = prepare(step_replay_config(trace, kernel))
     sim = prepared.simulation
-    sim_orders = sim.predictor is not None and sim.predictor.stage == "arrival" and sim.policy.uses_predictions
+    if isinstance(sim, FleetSimulation):   # a live fleet: every replica runs the same policy and predictor
+        predictor, policy = (sim.predictors[0] if sim.predictors else None), sim.make_policy()
+    else:
+        predictor, policy = sim.predictor, sim.policy
+    sim_orders = predictor is not None and predictor.stage == "arrival" and policy.uses_predictions
     live_replay.check_admission_order(trace, sim_orders, "the step-clock replay")
     _, result = execute(prepared)
     return result
@@ -94,6 +102,10 @@ def compare_steps(trace: Trace, result: RunResult) -> dict:
         out["preemptions_live"], out["preemptions_sim"] = int(live_pre.sum()), int(sim_pre.sum())
         for m, i in zip(out["finish_step_mismatches"], bad.tolist()):
             m["live_preemptions"], m["sim_preemptions"] = int(live_pre[i]), int(sim_pre[i])
+    if "replica" in trace.table.column_names:   # a live fleet: the replica each request was routed to
+        live_replica = trace.table.column("replica").to_numpy(zero_copy_only=False).astype(np.int64)
+        sim_replica = np.asarray(result.replica)[order]
+        out["replica_match_share"] = float(np.mean(live_replica == sim_replica)) if len(ids) else 1.0
     if "predicted_tokens" in trace.table.column_names:   # the live scheduler's first estimate vs the simulator's
         live_est = trace.table.column("predicted_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
         sim_est = np.asarray(result.predicted_tokens, dtype=np.float64)[order]
@@ -129,6 +141,7 @@ def validate_step_run(trace: Trace, kernel: str = DEFAULT_KERNEL) -> dict:
     live_pred = s.get("predictor", "none")
     result = replay_steps(trace, kernel)
     row = {"run": trace.name, "clock": "steps", "policy": s.get("policy", "fcfs"), "predictor": live_pred,
+           **({"replicas": s["replicas"], "router": s["router"]} if s.get("replicas", 1) > 1 else {}),
            "load": s.get("load"), "capacity_req_per_step": s.get("capacity_req_per_step"),
            "requests": len(trace), "replay": "arrivals at arrival_step, unit-time steps, nothing charged"}
     comparison = compare_steps(trace, result)
@@ -140,16 +153,23 @@ def validate_step_run(trace: Trace, kernel: str = DEFAULT_KERNEL) -> dict:
     return row
 
 
+def _replica_cell(row: dict) -> str:
+    """A live fleet's replica agreement and router; '-' for one engine."""
+    if "replica_match_share" not in row:
+        return "-"
+    return f"{row['replica_match_share']:.1%} ({row['replicas']} x {row['router']})"
+
+
 def step_runs_section(rows: list[dict]) -> str:
     """Markdown table of step-clocked rows (``leap-validate`` without ``--json``)."""
     lines = ["## Step-clocked serving runs: finish step, live vs simulated\n",
              "| run | policy | predictor | load | requests | finish step equal | target | admit equal "
-             "| first token equal | first divergence step |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| first token equal | first divergence step | replica equal (router) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         first = r.get("first_divergence_step")
         lines.append(f"| {r['run']} | {r['policy']} | {r['predictor']} | {r['load']} | {r['requests']} | "
                      f"{r['finish_step_match_share']:.1%} | {r['finish_step_target']:.0%} | "
                      f"{r['admit_step_match_share']:.1%} | {r['first_token_step_match_share']:.1%} | "
-                     f"{'-' if first is None else first} |")
+                     f"{'-' if first is None else first} | {_replica_cell(r)} |")
     return "\n".join(lines) + "\n"

@@ -157,6 +157,8 @@ def _serve(args, flags, log, t_start: float) -> int:
             raise CaptureError("--load needs a capacity: none is cached for this workload and engine "
                                "setting; pass --capacity measure (or --capacity REQ_S)")
         capacity, capacity_how = stepclock.capacity_of(entry, args.clock), "cached"
+    if capacity is not None and args.replicas > 1:
+        capacity *= args.replicas    # a fleet's capacity: N x one engine's (docs/semantics.md "Fleets")
     rate = args.rate if args.rate is not None else (load * capacity if load is not None and capacity else None)
     planned = None
     arrivals_desc = None

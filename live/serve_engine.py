@@ -12,17 +12,10 @@ import numpy as np
 from capture import CaptureError
 from capture.record import host_description
 from live import kv_cache, stepclock
+from live.fleet import fleet_column, fleet_estimates, fleet_scheduler_stats, start_fleet
 from live.serve_capacity import write_capacity
 from live.serve_files import file_ref, write_json
-from live.serve_records import (
-    check_written,
-    finished_by_id,
-    first_estimates,
-    read_sched_parts,
-    scheduler_stats,
-    serve_table,
-    write_sched_part,
-)
+from live.serve_records import check_written, read_sched_parts, serve_table, write_sched_part
 from live.serve_workload import ServeRequest, check_kv
 
 SERVE_TIMING = ("open loop: each request is submitted at the first engine-step boundary after its "
@@ -72,16 +65,22 @@ def run_engine(args, w, run, log) -> int:
         run_config = {**workload, **engine_desc, "policy": args.policy, "predictor": args.predictor,
                       "arrivals": arrivals_desc if planned is not None else args.arrivals,
                       "load": load, "seed": args.seed, "probe_every": args.probe_every,
-                      **({"clock": "steps"} if args.clock == "steps" else {})}
+                      **({"clock": "steps"} if args.clock == "steps" else {}),
+                      **({"replicas": args.replicas, "router": args.router or "round-robin"}
+                         if args.replicas > 1 else {})}
         if planned is not None:
             run_config[stepclock.rate_key(args.clock)] = rate
-    be = VLLMBackend(model_dir, last_layers=[], decode_layers=[], decode_every=0, dtype=dtype,
-                     seed=args.seed, max_model_len=max_model_len, max_num_seqs=args.max_resident,
-                     max_num_batched_tokens=args.max_num_batched_tokens,
-                     kv_space_gib=args.kv_space_gib, threads=args.threads, executor=args.executor,
-                     probe_every=args.probe_every, engine_overrides=engine_overrides, log=log)
+    def new_backend(threads):
+        return VLLMBackend(model_dir, last_layers=[], decode_layers=[], decode_every=0, dtype=dtype,
+                           seed=args.seed, max_model_len=max_model_len, max_num_seqs=args.max_resident,
+                           max_num_batched_tokens=args.max_num_batched_tokens,
+                           kv_space_gib=args.kv_space_gib, threads=threads, executor=args.executor,
+                           probe_every=args.probe_every, engine_overrides=engine_overrides, log=log)
+
+    fleet = start_fleet(args, new_backend, log) if args.replicas > 1 else None
+    be: Any = fleet.replicas[0].backend if fleet is not None else new_backend(args.threads)
     try:
-        if live is not None:
+        if live is not None and fleet is None:
             import live as live_pkg
 
             try:
@@ -139,12 +138,13 @@ def run_engine(args, w, run, log) -> int:
                                     "rows": [int(i) for i in rows] if args.sample else f"first {n}"},
                    "seed": args.seed, "threads": threads_n, "kv_blocks": be.kv_blocks,
                    "kv_blocks_needed_at_cap": kv_need, **stepclock.serving_fields(args.clock, capacity, rate),
-                   **kv_cache.serving_fields(args)}
-        return _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serving,
+                   **kv_cache.serving_fields(args),
+                   **({"replicas": args.replicas, "router": fleet.router.name} if fleet is not None else {})}
+        return _serve_run(args, fleet or be, store, out, run_config, reqs, planned, params_for, serving,
                           (quiet_probe, quiet_mem_probe), src, cfg, model_dir, template, tsha, sampling, dtype,
                           max_model_len, t_start, log)
     finally:
-        be.close()
+        (fleet or be).close()
 
 
 def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serving, quiet_probe,
@@ -185,8 +185,8 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
             store.write("steps", steps_table(rows))
 
         def on_finished(fins):
-            estimates = first_estimates(be.engine, by_id)
-            preempted = finished_by_id(be.engine, by_id, "preemptions") if args.kv_blocks is not None else None
+            estimates = fleet_estimates(be, by_id)
+            preempted = fleet_column(be, by_id, "preemptions") if args.kv_blocks is not None else None
             store.write("gen", serve_table(fins, by_id, planned_of, store.run, shift, estimates, preempted))
             stats["requests"] += len(fins)
             stats["generated_tokens"] += sum(f.output_tokens for f in fins)
@@ -204,7 +204,7 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
                                          "max": float(lag.max())}
             write_json(store.dir / f"run-{store.run:03d}.json", stats)
 
-        sched = scheduler_stats(be.engine)
+        sched = fleet_scheduler_stats(be)
         if sched:
             write_sched_part(store, sched)
         sched_table = read_sched_parts(store)

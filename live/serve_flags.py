@@ -13,6 +13,8 @@ from core.bench_result import add_result_flags, check_save_result, goodput_slos
 from core.checks import MAX_NUMPY_SEED, bounded_int
 from core.errors import OneLineParser
 from live import kv_cache, prechecks, stepclock
+from live.fleet import check_fleet_flags
+from routers import MAX_REPLICAS, ROUTERS
 
 
 def build_parser(description: str | None) -> argparse.ArgumentParser:
@@ -67,6 +69,11 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
                    help="pin the engine to these CPUs, e.g. 1 (one core) or 0-1")
     p.add_argument("--probe-every", type=int, default=4, metavar="N",
                    help="time the drift probe after every N-th engine step (0 disables)")
+    p.add_argument("--replicas", type=bounded_int(1, MAX_REPLICAS, "replicas of a live fleet"), default=1,
+                   help="with --clock steps: this many engines in this process, stepped in lockstep, one "
+                        "core each from --threads (live.fleet)")
+    p.add_argument("--router", default=None, metavar="NAME",
+                   help=f"how a live fleet routes each arrival: {', '.join(ROUTERS)} (default round-robin)")
     p.add_argument("--seed", type=bounded_int(0, MAX_NUMPY_SEED), default=0)
     p.add_argument("--out", metavar="FILE.parquet", help="serving trace (e.g. traces/live/NAME.parquet)")
     p.add_argument("--resume", action="store_true", help="continue a crashed run (new segment)")
@@ -104,6 +111,7 @@ def check_flags(args) -> Flags:
     """Every check of the flags alone, in the order the user reads them."""
     stepclock.check_clock_flags(args)
     kv_cache.check_kv_flags(args)
+    check_fleet_flags(args)
     _positive(args, "requests", "max_length", "max_resident", "max_num_batched_tokens",
               "kv_space_gib", "flush_every", "decode_slots", "max_model_len")
     if args.probe_every < 0:

@@ -95,6 +95,10 @@ def serve_table(fins, by_id, planned_of, run: int, shift: float, estimates: dict
         types["preemptions"] = pa.int32()
         for row in rows:
             row["preemptions"] = preemptions.get(row["request_id"], 0)
+    if any("replica" in (f.step_marks or {}) for f in fins):   # a live fleet (live.fleet)
+        for row, f in zip(rows, fins):
+            row["replica"] = f.step_marks["replica"]
+        types["replica"] = pa.int32()
     return pa.table({k: pa.array([row[k] for row in rows], t) for k, t in types.items()})
 
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
 from routers.base import FleetView, Router
 from routers.least_requests import LeastRequests
 from routers.least_work import LeastWork
@@ -22,6 +27,22 @@ DEFAULT_ROUTER = "round-robin"
 MAX_REPLICAS = 4096
 
 
+def check_router(replicas: int, router: str, predictors: Mapping[str, Any], predictor: str) -> None:
+    """A fleet's replicas and router, before anything is loaded (the simulator's and the live fleet's
+    one check): replicas in range, a known router, and for a router reading predicted work a
+    predictor (looked up in the registry ``predictors``) that can serve it."""
+    if isinstance(replicas, bool) or not isinstance(replicas, (int, np.integer)) or not 1 <= replicas <= MAX_REPLICAS:
+        raise ValueError(f"--replicas must be an integer from 1 to {MAX_REPLICAS}, got {replicas!r}")
+    if router not in ROUTERS:
+        raise ValueError(f"unknown --router {router!r} (choose from {', '.join(ROUTERS)})")
+    if ROUTERS[router].reads == "predicted_work":
+        cls = predictors.get(predictor)
+        if cls is None or cls.router_estimate() is None:
+            able = ", ".join(n for n, c in predictors.items() if c.router_estimate() is not None)
+            raise ValueError(f"--router {router} reads predicted work: --predictor {predictor} cannot serve it "
+                             f"(choose from {able})")
+
+
 def make_router(name: str) -> Router:
     try:
         return ROUTERS[name]()
@@ -29,4 +50,4 @@ def make_router(name: str) -> Router:
         raise ValueError(f"unknown --router {name!r} (choose from {', '.join(ROUTERS)})") from None
 
 
-__all__ = ["DEFAULT_ROUTER", "MAX_REPLICAS", "ROUTERS", "FleetView", "Router", "make_router"]
+__all__ = ["DEFAULT_ROUTER", "MAX_REPLICAS", "ROUTERS", "FleetView", "Router", "check_router", "make_router"]

@@ -18,7 +18,7 @@ from policies import make_policy
 from predictors import NO_PREDICTOR, make_predictor
 from predictors.base import PredictorOptions
 from predictors.gpu_cost import describe_cost
-from routers import DEFAULT_ROUTER, MAX_REPLICAS, ROUTERS, make_router
+from routers import DEFAULT_ROUTER, check_router, make_router
 from simulator.capacity import measure_capacity
 from simulator.compiled import DEFAULT_KERNEL, KERNELS, CompiledRun, note_fallback, unsupported
 from simulator.compiled_fleet import CompiledFleet, fleet_unsupported
@@ -203,16 +203,7 @@ def check_fleet(replicas: int, router: str, predictor: str, arrivals: ArrivalSpe
     that can serve a router reading predicted work, arrivals a fleet can route."""
     from predictors import PREDICTORS
 
-    if isinstance(replicas, bool) or not isinstance(replicas, (int, np.integer)) or not 1 <= replicas <= MAX_REPLICAS:
-        raise ValueError(f"--replicas must be an integer from 1 to {MAX_REPLICAS}, got {replicas!r}")
-    if router not in ROUTERS:
-        raise ValueError(f"unknown --router {router!r} (choose from {', '.join(ROUTERS)})")
-    if ROUTERS[router].reads == "predicted_work":
-        cls = PREDICTORS.get(predictor)
-        if cls is None or cls.router_estimate() is None:
-            able = ", ".join(n for n, c in PREDICTORS.items() if c.router_estimate() is not None)
-            raise ValueError(f"--router {router} reads predicted work: --predictor {predictor} cannot serve it "
-                             f"(choose from {able})")
+    check_router(replicas, router, PREDICTORS, predictor)
     if replicas > 1 and arrivals.kind == "closed":
         raise ValueError("--replicas: a closed loop releases requests at completions of one engine; "
                          "a fleet routes open arrivals (poisson, trace, FILE.csv, recorded, steps)")

