@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -81,12 +82,14 @@ class FileChannelReader(PredictionChannel):
         super().__init__()
         self.folder = tempfile.mkdtemp(prefix=PREFIX)
         self.next_frame = 0
+        # removed by close(), else when the engine-core process exits (a stopped server may skip shutdown)
+        self._remove = weakref.finalize(self, shutil.rmtree, self.folder, True)
 
     def writer(self) -> FileChannelWriter:
         return FileChannelWriter(self.folder)
 
     def drain(self) -> list[tuple[list[str], np.ndarray, np.ndarray | None]]:
-        out = []
+        out: list[tuple[list[str], np.ndarray, np.ndarray | None]] = []
         while True:
             path = Path(self.folder) / f"{self.next_frame:012d}.npz"
             if not path.exists():
@@ -100,4 +103,4 @@ class FileChannelReader(PredictionChannel):
             self.next_frame += 1
 
     def close(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+        self._remove()

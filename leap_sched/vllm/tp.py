@@ -12,6 +12,7 @@ object one frame up (``internals.ENGINE_ATTRS`` checks the attribute in vLLM's s
 from __future__ import annotations
 
 import sys
+from types import FrameType
 
 from live.common import LiveConfigError
 from live.config import LiveSchedulerConfig
@@ -31,7 +32,7 @@ def hook_args(cfg: LiveSchedulerConfig) -> tuple:
 
 def engine_executor():
     """The executor of the engine whose ``__init__`` is building the calling scheduler."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(MAX_DEPTH):
         if frame is None:
             break
