@@ -212,13 +212,14 @@ class LiveSchedulerConfig:
         return cls(**data)
 
     def check_model(self, model_dir: str | Path, *, kv_cache_gib: float, dtype: str = "float32",
-                    block_size: int = CPU_BLOCK_SIZE) -> dict:
+                    block_size: int = CPU_BLOCK_SIZE, tensor_parallel_size: int = 1) -> dict:
         """Refuse what this model and KV space cannot hold; return the model facts used.
 
         KV capacity = ``kv_cache_gib`` / (block_size x 2 x layers x kv_heads x head_dim x dtype
         bytes) blocks; every resident request holds at least one block, so ``max_resident`` above
         that many blocks can never be resident at once. A read-out must match the model's hidden
-        size, layer count and (when both name one) model id.
+        size, layer count and (when both name one) model id. Tensor parallel N: the heads and KV
+        heads must split N ways; each rank holds kv_heads / N of them in its own KV space.
         """
         cfg_path = Path(model_dir) / "config.json"
         try:
@@ -239,7 +240,11 @@ class LiveSchedulerConfig:
             raise LiveConfigError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPE_BYTES)})")
         if not (kv_cache_gib > 0 and math.isfinite(kv_cache_gib)):
             raise LiveConfigError(f"KV cache space must be > 0 GiB, got {kv_cache_gib}")
-        bytes_per_block = block_size * 2 * layers * kv_heads * head_dim * DTYPE_BYTES[dtype]
+        tp = tensor_parallel_size
+        if tp < 1 or heads % tp or kv_heads % tp:
+            raise LiveConfigError(f"--tensor-parallel-size {tp}: the model's {heads} attention heads and {kv_heads} KV "
+                                  f"heads must split evenly over the ranks (tensor parallel size >= 1)")
+        bytes_per_block = block_size * 2 * layers * (kv_heads // tp) * head_dim * DTYPE_BYTES[dtype]
         blocks = int(kv_cache_gib * 2**30 // bytes_per_block)
         if self.max_resident > blocks:
             raise LiveConfigError(f"max-resident {self.max_resident} exceeds the KV capacity: {kv_cache_gib:g} GiB "

@@ -15,7 +15,8 @@ leap-rls, the raw vectors) go to a :class:`PredictionChannel`.
 Channel choice: with the in-process ``uni`` executor, ``collective_rpc`` calls the worker method
 directly, so the scheduler passes its own channel object to ``lv_install`` (``live.attach``). One
 channel per engine, owned by that engine's scheduler: no module global, no serialisation. The mp
-executor would have to serialise the channel, so ``live.attach`` refuses it.
+executor serialises the channel: with tensor parallel > 1 the served plugin passes a file channel's
+writer instead (``live.tp_channel``, ``leap_sched.vllm.tp``); ``live.attach`` refuses the mp executor.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class PredictionChannel:
         self.installed = False
         self.seen: set[str] = set()     # engine ids predicted; the scheduler drops finished ones
         self.layer: int | None = None
+
+    def forget_finished(self, live) -> None:
+        """Bound ``seen`` by the runner's live requests (``live``): here the scheduler discards finished
+        ids itself; a cross-process channel's worker side (live.tp_channel) prunes."""
 
     def take_hook_s(self) -> float:
         t, self.hook_s = self.hook_s, 0.0
@@ -121,6 +126,7 @@ class LiveExt(CaptureExt):
             if not fresh:
                 return
             sel, ids = sel[fresh], [ids[j] for j in fresh]
+            ch.forget_finished(r.requests)
             ch.seen.update(ids)
             vec = self._lv_buffer.rows(qsl[sel] + off[sel])
             if self._lv_w is None or self._lv_w.device != vec.device:

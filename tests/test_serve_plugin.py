@@ -24,7 +24,7 @@ from live.config import LiveSchedulerConfig
 pytestmark = [pytest.mark.capture, pytest.mark.skipif(not HAVE, reason=SKIP_REASON)]
 
 
-def send(server: Server, lengths: list[int], *, one_by_one: bool) -> tuple[list[int], list[int]]:
+def send(server: Server, lengths: list[int], *, one_by_one: bool, model=MODEL) -> tuple[list[int], list[int]]:
     """Send one streamed completion per length; return (request indices in the order their
     responses ended, completion tokens per request). ``one_by_one``: request i+1 is sent once
     request i's first token arrived (so it is in the engine: a known arrival order); else all at once."""
@@ -43,7 +43,7 @@ def send(server: Server, lengths: list[int], *, one_by_one: bool) -> tuple[list[
             if not one_by_one:
                 go.wait()
             stream = client.completions.create(
-                model=str(MODEL), prompt=f"Request {i}: write about the number {i}.", max_tokens=lengths[i],
+                model=str(model), prompt=f"Request {i}: write about the number {i}.", max_tokens=lengths[i],
                 temperature=0.0, stream=True, stream_options={"include_usage": True},
                 extra_body={"min_tokens": lengths[i], "ignore_eos": True})
             for chunk in stream:

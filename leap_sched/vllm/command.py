@@ -34,6 +34,10 @@ MODULE_LAUNCHER = ["python", "-m", "vllm.entrypoints.openai.api_server", "--mode
 LAUNCHERS = ("vllm", "module")
 #: The environment variable vLLM's CPU platform reads the KV cache size from (whole GiB).
 CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
+#: vLLM's CPU platform: the cores each rank's OpenMP threads bind to, ranks separated by ``|``.
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+#: vLLM's executor for tensor parallel > 1 (the hook through leap_sched.vllm.tp).
+TP_BACKEND = "mp"
 #: The settings that name a file: written absolute, so the command works from any folder.
 FILE_SETTINGS = ("readout", "head_weights")
 
@@ -62,29 +66,39 @@ def cpu_kv_gib(kv_cache_gib: float) -> int:
     return int(kv_cache_gib)
 
 
-def serve_env(kv_cache_gib: float | None, *, launcher: str = "vllm") -> dict[str, str]:
-    """The environment the command sets before its argv (the CPU form's KV size)."""
-    if kv_cache_gib is None or launcher != "module":
+def serve_env(kv_cache_gib: float | None, *, launcher: str = "vllm", tensor_parallel_size: int = 1) -> dict[str, str]:
+    """The environment the command sets before its argv (the CPU form's KV size; with tensor
+    parallel > 1 one core per rank, cores 0..N-1: vLLM's mp executor on CPU needs the binding)."""
+    if launcher != "module":
         return {}
-    return {CPU_KV_ENV: str(cpu_kv_gib(kv_cache_gib))}
+    env = {} if kv_cache_gib is None else {CPU_KV_ENV: str(cpu_kv_gib(kv_cache_gib))}
+    if tensor_parallel_size > 1:
+        env[CPU_BIND_ENV] = "|".join(str(core) for core in range(tensor_parallel_size))
+    return env
 
 
 def serve_argv(cfg: LiveSchedulerConfig, model: str, *, launcher: str = "vllm", kv_cache_gib: float | None = None,
                dtype: str | None = None, block_size: int | None = None,
-               shutdown_timeout_s: int | None = None) -> list[str]:
+               shutdown_timeout_s: int | None = None, tensor_parallel_size: int = 1) -> list[str]:
     """argv of a served vLLM scheduling with ``cfg`` (``launcher``: "vllm" -> ``vllm serve``, "module"
     -> ``python -m vllm.entrypoints.openai.api_server``); ``kv_cache_gib``, ``dtype`` and
     ``block_size``, when given, are what the KV capacity was checked with; ``shutdown_timeout_s``
     (vLLM's ``--shutdown-timeout``): on SIGTERM, finish in-flight requests for up to this long
-    (vLLM's default 0 aborts them and leaves their clients unanswered: docs/serving.md)."""
+    (vLLM's default 0 aborts them and leaves their clients unanswered: docs/serving.md);
+    ``tensor_parallel_size`` > 1: vLLM's ``mp`` executor instead of the plugin's (leap_sched.vllm.tp)."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher {launcher!r}: one of {', '.join(LAUNCHERS)}")
     model = model_arg(model)
     head = ["vllm", "serve", model] if launcher == "vllm" else [*MODULE_LAUNCHER, model]
     argv = [*head, "--max-num-seqs", str(cfg.max_resident), "--scheduler-cls", SCHEDULER_CLS,
-            "--distributed-executor-backend", EXECUTOR_CLS, "--middleware", SETTINGS_MIDDLEWARE]
+            "--distributed-executor-backend", EXECUTOR_CLS if tensor_parallel_size == 1 else TP_BACKEND,
+            "--middleware", SETTINGS_MIDDLEWARE]
+    if tensor_parallel_size > 1:
+        argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
     if cfg.needs_hook:
         argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
+        if tensor_parallel_size > 1:   # the workers' hook is installed after vLLM traces the model (settings.py)
+            argv += ["--enforce-eager"]
     if dtype is not None:
         argv += ["--dtype", dtype]
     if block_size is not None:
@@ -99,9 +113,9 @@ def serve_argv(cfg: LiveSchedulerConfig, model: str, *, launcher: str = "vllm", 
 
 def serve_command(cfg: LiveSchedulerConfig, model: str, *, launcher: str = "vllm", kv_cache_gib: float | None = None,
                   dtype: str | None = None, block_size: int | None = None,
-                  shutdown_timeout_s: int | None = None) -> str:
+                  shutdown_timeout_s: int | None = None, tensor_parallel_size: int = 1) -> str:
     """The shell command: the environment prefix (``NAME=value``), then the argv, quoted for a POSIX shell."""
-    env = serve_env(kv_cache_gib, launcher=launcher)
+    env = serve_env(kv_cache_gib, launcher=launcher, tensor_parallel_size=tensor_parallel_size)
     argv = serve_argv(cfg, model, launcher=launcher, kv_cache_gib=kv_cache_gib, dtype=dtype, block_size=block_size,
-                      shutdown_timeout_s=shutdown_timeout_s)
+                      shutdown_timeout_s=shutdown_timeout_s, tensor_parallel_size=tensor_parallel_size)
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(argv)])

@@ -32,7 +32,7 @@ def served_settings(vllm_config) -> dict:
     sched = vllm_config.scheduler_config
     model = vllm_config.model_config
     cls = sched.scheduler_cls
-    cls_name = cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
+    cls_name = _name(cls)
     leap = None
     if cls_name in (SCHEDULER_CLS, "leap_sched.vllm.scheduler.Scheduler"):
         cfg = scheduler_config(vllm_config)
@@ -48,10 +48,17 @@ def served_settings(vllm_config) -> dict:
         "enforce_eager": bool(model.enforce_eager), "seed": model.seed,
         "max_num_seqs": int(sched.max_num_seqs), "max_num_batched_tokens": int(sched.max_num_batched_tokens),
         "async_scheduling": bool(sched.async_scheduling),
+        "tensor_parallel_size": int(vllm_config.parallel_config.tensor_parallel_size),
+        "distributed_executor_backend": _name(vllm_config.parallel_config.distributed_executor_backend),
         "enable_prefix_caching": bool(vllm_config.cache_config.enable_prefix_caching),
         "kv_blocks": vllm_config.cache_config.num_gpu_blocks, "block_size": vllm_config.cache_config.block_size,
         "env": {k: os.environ.get(k) for k in ENGINE_ENV},
     }
+
+
+def _name(obj) -> str | None:
+    """A class path as given, or the path of the class given."""
+    return obj if obj is None or isinstance(obj, str) else f"{obj.__module__}.{obj.__qualname__}"
 
 
 async def settings_endpoint(request, call_next):

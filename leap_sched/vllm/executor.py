@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from leap_sched.vllm.internals import check_vllm
 from leap_sched.vllm.settings import leap_entry, refusing, scheduler_config
+from leap_sched.vllm.tp import hook_args
 from live.tap_executor import TapExecutor
 
 #: ``SchedulerOutput`` attribute the scheduler sets to its channel (hook predictors only).
@@ -38,7 +39,4 @@ class Executor(TapExecutor):
         return super().execute_model(scheduler_output, non_block)
 
     def _install_hook(self, channel) -> None:
-        cfg = self.leap_config
-        readout = cfg.readout_file()
-        self.leap_hook = self.collective_rpc("lv_install", args=(channel, readout.info["layer"], readout.folded(),
-                                                                 cfg.predictor == "leap-rls"))[0]
+        self.leap_hook = self.collective_rpc("lv_install", args=(channel, *hook_args(self.leap_config)))[0]

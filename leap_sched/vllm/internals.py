@@ -34,11 +34,16 @@ SCHEDULER_MEMBERS = ("schedule", "update_from_output", "add_request", "_free_req
 #: ``vllm.v1.core.sched.output.SchedulerOutput``: read after vLLM's schedule().
 SCHEDULER_OUTPUT_FIELDS = ("num_scheduled_tokens", "scheduled_new_reqs", "scheduled_cached_reqs")
 #: ``vllm.v1.worker.gpu_model_runner.GPUModelRunner`` (the CPU runner subclasses it): the hook's batch layout.
-MODEL_RUNNER_FIELDS = ("input_batch", "query_start_loc", "model", "model_config")
+MODEL_RUNNER_FIELDS = ("input_batch", "query_start_loc", "model", "model_config", "requests")
 #: ``vllm.v1.worker.gpu_input_batch.InputBatch``: which flattened row holds a request's last prompt token.
 INPUT_BATCH_FIELDS = ("req_ids", "num_reqs", "num_prompt_tokens", "num_computed_tokens_cpu")
 #: ``vllm.v1.executor.uniproc_executor.UniProcExecutor``: the executor the plugin extends.
 EXECUTOR_MEMBERS = ("_init_executor", "collective_rpc", "execute_model", "driver_worker")
+#: ``vllm.v1.executor.multiproc_executor.MultiprocExecutor``: tensor parallel > 1 (leap_sched.vllm.tp) installs
+#: the hook on every rank; rank 0's output (``output_rank``) ends a step after rank 0's hook wrote its frame.
+MP_EXECUTOR_MEMBERS = ("collective_rpc", "output_rank")
+#: ``vllm.v1.engine.core.EngineCore``: builds the scheduler after its executor (leap_sched.vllm.tp.engine_executor).
+ENGINE_MEMBERS = ("model_executor", "scheduler")
 
 #: (module, class, the name of its member tuple above): where each relied-on class lives.
 CLASSES = (("vllm.v1.request", "Request", "REQUEST_FIELDS"),
@@ -46,13 +51,16 @@ CLASSES = (("vllm.v1.request", "Request", "REQUEST_FIELDS"),
            ("vllm.v1.core.sched.output", "SchedulerOutput", "SCHEDULER_OUTPUT_FIELDS"),
            ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "MODEL_RUNNER_FIELDS"),
            ("vllm.v1.worker.gpu_input_batch", "InputBatch", "INPUT_BATCH_FIELDS"),
-           ("vllm.v1.executor.uniproc_executor", "UniProcExecutor", "EXECUTOR_MEMBERS"))
+           ("vllm.v1.executor.uniproc_executor", "UniProcExecutor", "EXECUTOR_MEMBERS"),
+           ("vllm.v1.executor.multiproc_executor", "MultiprocExecutor", "MP_EXECUTOR_MEMBERS"),
+           ("vllm.v1.engine.core", "EngineCore", "ENGINE_MEMBERS"))
 #: Parameters the plugin passes (by name or position) to vLLM methods it overrides and calls through.
 SIGNATURES = {("Scheduler", "_free_request"): ("request", "delay_free_blocks"),
               ("Scheduler", "add_request"): ("request",),
               ("Scheduler", "update_from_output"): ("scheduler_output", "model_runner_output"),
               ("UniProcExecutor", "execute_model"): ("scheduler_output", "non_block"),
-              ("UniProcExecutor", "collective_rpc"): ("method", "args")}
+              ("UniProcExecutor", "collective_rpc"): ("method", "args"),
+              ("MultiprocExecutor", "collective_rpc"): ("method", "args")}
 
 
 def relied_on() -> list[tuple[str, str, tuple[str, ...]]]:

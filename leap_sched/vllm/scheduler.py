@@ -10,7 +10,8 @@ tokens as generated (``live.scheduler._generated``).
 On top of the live scheduler: the settings come from ``--additional-config '{"leap": {...}}'``
 (checked before vLLM's own set-up, one line on a bad one: ``leap_sched.vllm.settings``), the vLLM
 version and internals are checked (``leap_sched.vllm.internals``), the hook channel rides on each
-``SchedulerOutput`` to :class:`leap_sched.vllm.Executor`, and the stats go to vLLM's log
+``SchedulerOutput`` to :class:`leap_sched.vllm.Executor` (tensor parallel > 1: a cross-process
+channel, ``leap_sched.vllm.tp``), and the stats go to vLLM's log
 (``leap_sched.vllm.stats``).
 """
 
@@ -23,7 +24,9 @@ from leap_sched.vllm.executor import CHANNEL_ATTR
 from leap_sched.vllm.internals import check_vllm
 from leap_sched.vllm.settings import leap_entry, plugin_options, refusing, scheduler_config
 from leap_sched.vllm.stats import StatsLog
+from leap_sched.vllm.tp import engine_executor, install_tp_hook
 from live.scheduler import LeapScheduler
+from live.tp_channel import FileChannelReader
 
 
 def _vllm_config(args, kwargs):
@@ -45,7 +48,12 @@ class Scheduler(LeapScheduler):
             self._leap_served_config = scheduler_config(vllm_config)
             options = plugin_options(vllm_config)
         super().__init__(*args, **kwargs)
-        self._leap_sends_channel = self.leap_config.needs_hook
+        tp = vllm_config.parallel_config.tensor_parallel_size
+        self._leap_sends_channel = self.leap_config.needs_hook and tp == 1
+        if self.leap_config.needs_hook and tp > 1:      # vLLM's mp executor: the hook in the workers (tp.py)
+            with refusing():
+                executor = engine_executor()
+            self.leap_channel = install_tp_hook(self.leap_config, executor)
         self.leap_log = StatsLog(self, options["log_interval_s"])
         self.leap_log.started(self, VllmAsyncScheduler if isinstance(self, VllmAsyncScheduler) else VllmScheduler)
 
@@ -62,6 +70,11 @@ class Scheduler(LeapScheduler):
         out = super().update_from_output(scheduler_output, model_runner_output)
         self.leap_log.after_step(self)
         return out
+
+    def shutdown(self) -> None:
+        if isinstance(self.leap_channel, FileChannelReader):
+            self.leap_channel.close()
+        super().shutdown()
 
 
 class AsyncScheduler(Scheduler, VllmAsyncScheduler):

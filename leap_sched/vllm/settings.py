@@ -4,8 +4,10 @@ The ``leap`` entry of ``--additional-config`` holds :class:`live.config.LiveSche
 fields (``max_resident`` defaults to ``--max-num-seqs``) plus ``allow_untested_vllm`` and
 ``log_interval_s``. Everything the plugin cannot honour stops the engine at start-up: the
 setting errors ``LiveSchedulerConfig`` refuses, a read-out for another model (hidden size, layer
-count, model id), ordered admission with vLLM's priority policy, tensor or pipeline parallelism, an executor other than the plugin's
-(``leap_sched.vllm.Executor``), and a hook predictor without the worker extension.
+count, model id), ordered admission with vLLM's priority policy, pipeline parallelism, an
+executor other than the plugin's (``leap_sched.vllm.Executor``; with tensor parallel > 1 other than
+vLLM's ``mp``), a hook predictor without the worker extension, and (tensor parallel > 1 only) a
+hook predictor without eager mode.
 In vLLM's engine-core process a refusal is one line on stderr and exit status 2 (vLLM's front end
 then reports that the engine core failed to start); where vLLM runs in the caller's process it is
 a :class:`LiveConfigError`.
@@ -20,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import fields
 
 from leap_sched.vllm import CONFIG_KEY, EXECUTOR_CLS, WORKER_EXTENSION_CLS
+from leap_sched.vllm.command import TP_BACKEND
 from live.common import LiveConfigError
 from live.config import LiveSchedulerConfig, model_id_of
 
@@ -81,10 +84,9 @@ def scheduler_config(vllm_config) -> LiveSchedulerConfig:
         raise LiveConfigError(f"--scheduling-policy {vllm_config.scheduler_config.policy}: ordered admission re-sorts "
                               "vLLM's fcfs waiting queue; leave the policy at fcfs or set ordered_admission false")
     parallel = vllm_config.parallel_config
-    if parallel.tensor_parallel_size * parallel.pipeline_parallel_size > 1:
-        raise LiveConfigError(f"tensor/pipeline parallel size {parallel.tensor_parallel_size}x"
-                              f"{parallel.pipeline_parallel_size}: leap_sched supports one model process "
-                              "(tensor and pipeline parallel size 1)")
+    if parallel.pipeline_parallel_size > 1:
+        raise LiveConfigError(f"pipeline parallel size {parallel.pipeline_parallel_size}: leap_sched supports "
+                              "tensor parallel only (pipeline parallel size 1)")
     check_executor(vllm_config)
     if cfg.needs_hook:
         check_hook_setup(vllm_config, cfg)
@@ -92,11 +94,19 @@ def scheduler_config(vllm_config) -> LiveSchedulerConfig:
 
 
 def check_executor(vllm_config) -> None:
-    """Only the plugin's one-process executor is supported (and tested): it keeps the model, and so
-    the hook, in the engine-core process beside the scheduler."""
+    """Tensor parallel 1: the plugin's one-process executor, which keeps the model, and so the hook,
+    in the engine-core process beside the scheduler. Tensor parallel > 1: vLLM's own ``mp``
+    executor (the hook in rank 0's worker process, its estimates through ``live.tp_channel``)."""
     from vllm.v1.executor.abstract import Executor as VllmExecutor
 
     backend = vllm_config.parallel_config.distributed_executor_backend
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    if tp > 1:
+        if backend != TP_BACKEND:
+            raise LiveConfigError(f"executor {getattr(backend, '__name__', backend)!r} with tensor parallel size {tp}: "
+                                  f"leap_sched runs tensor parallel on vLLM's own; pass --distributed-executor-backend "
+                                  f"{TP_BACKEND}")
+        return
     if getattr(VllmExecutor.get_class(vllm_config), INSTALLS_HOOK, False) is not True:
         raise LiveConfigError(f"executor {getattr(backend, '__name__', backend)!r}: leap_sched runs with its own "
                               f"one-process executor; pass --distributed-executor-backend {EXECUTOR_CLS}")
@@ -115,6 +125,10 @@ def check_hook_setup(vllm_config, cfg: LiveSchedulerConfig) -> None:
 
     if not issubclass(resolve_obj_by_qualname(ext), LiveExt):
         raise LiveConfigError(f"--worker-extension-cls {ext} is not leap_sched's: pass {WORKER_EXTENSION_CLS}")
+    if vllm_config.parallel_config.tensor_parallel_size > 1 and not vllm_config.model_config.enforce_eager:
+        raise LiveConfigError(f"predictor {cfg.predictor!r} with tensor parallel: the hook is installed in the "
+                              "workers after vLLM traces the model, which a compiled forward never calls: pass "
+                              "--enforce-eager")
     check_readout_model(cfg, vllm_config.model_config)
 
 

@@ -1,0 +1,59 @@
+"""Tensor parallel > 1: LEAP's hook in vLLM's own ``mp`` executor (docs/serving.md, "Tensor parallel").
+
+The model runs in one worker process per rank; the scheduler stays in the engine-core process.
+The scheduler owns a :class:`live.tp_channel.FileChannelReader` (a per-engine folder) and, while
+it is built, installs the hook on every rank through the engine's executor (``collective_rpc``
+``lv_install`` with the folder's writer; rank 0's hook writes, the others stay inactive:
+``live.worker_ext``). vLLM builds the scheduler in ``EngineCore.__init__`` after its executor and
+passes it no handle to it, so :func:`engine_executor` finds ``model_executor`` on the engine
+object one frame up (``internals.ENGINE_ATTRS`` checks the attribute in vLLM's sources).
+"""
+
+from __future__ import annotations
+
+import sys
+from types import FrameType
+
+from live.common import LiveConfigError
+from live.config import LiveSchedulerConfig
+from live.tp_channel import FileChannelReader
+
+#: The engine-core attribute holding the executor (vllm.v1.engine.core.EngineCore).
+EXECUTOR_ATTR = "model_executor"
+#: How many frames up the call stack the engine's ``__init__`` may be (the scheduler's own inits between).
+MAX_DEPTH = 8
+
+
+def hook_args(cfg: LiveSchedulerConfig) -> tuple:
+    """``lv_install``'s arguments after the channel: the read-out's layer, folded weights, keep vectors."""
+    readout = cfg.readout_file()
+    return readout.info["layer"], readout.folded(), cfg.predictor == "leap-rls"
+
+
+def engine_executor():
+    """The executor of the engine whose ``__init__`` is building the calling scheduler."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(MAX_DEPTH):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        executor = getattr(owner, EXECUTOR_ATTR, None)
+        if executor is not None and hasattr(executor, "collective_rpc"):
+            return executor
+        frame = frame.f_back
+    raise LiveConfigError(f"tensor parallel: no engine with a {EXECUTOR_ATTR} builds this scheduler; leap_sched's "
+                          "scheduler is built by vLLM's engine core (vllm serve)")
+
+
+def install_tp_hook(cfg: LiveSchedulerConfig, executor) -> FileChannelReader:
+    """Make the cross-process channel and install the hook on every rank; return the scheduler's side."""
+    args = hook_args(cfg)
+    channel = FileChannelReader()
+    try:
+        executor.collective_rpc("lv_install", args=(channel.writer(), *args))
+    except BaseException:
+        channel.close()
+        raise
+    channel.installed = True
+    channel.layer = int(args[0])
+    return channel

@@ -1,0 +1,94 @@
+"""LEAP with tensor parallel 2 on vLLM's own ``mp`` executor, over HTTP (docs/serving.md, "Tensor parallel").
+
+The model is the bundled SmolLM2-135M padded to 12 heads / 4 KV heads (tests/tp_model.py: same
+outputs; 9 heads do not split over 2 ranks). ``python -m leap_sched.vllm.check --tensor-parallel-size
+2`` prints the command; it is served as printed from another folder, two ranks on one core each
+(``VLLM_CPU_OMP_THREADS_BIND=0|1``). Rank 0's hook runs in a worker process and its estimates reach
+the scheduler in the engine-core process through ``live.tp_channel``: the leap-rls server counts
+them (every request estimated by the hook) and its RLS updates (its own log lines); the oracle
+server finishes shortest first. A TP-2 engine takes minutes to start on two shared cores: one
+server per predictor, several checks each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from test_serve_plugin import send
+from vllm_server import HAVE, MODEL, ROOT, SKIP_REASON
+
+from live.http_client import SETTINGS_PATH
+
+pytestmark = [pytest.mark.capture, pytest.mark.skipif(not HAVE, reason=SKIP_REASON)]
+
+
+@pytest.fixture(scope="module")
+def padded(tmp_path_factory):
+    from tp_model import padded_model
+
+    return padded_model(MODEL, tmp_path_factory.mktemp("padded") / "smollm2-tp")
+
+
+def check(padded, where, *args: str) -> dict:
+    """``check``'s JSON for TP 2 on the padded model, run in ``where``."""
+    r = subprocess.run([sys.executable, "-m", "leap_sched.vllm.check", "--model", str(padded), "--kv-cache-gib", "1",
+                        "--tensor-parallel-size", "2", "--max-resident", "8", "--decode-slots", "2", *args],
+                       cwd=where, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def served(printed: dict, server_factory, tmp_path, name: str):
+    """The printed command served from another folder; its settings must say TP 2 on vLLM's mp executor."""
+    assert printed["serve_env"]["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+    assert "VLLM_CPU_OMP_THREADS_BIND='0|1' " in printed["serve_command"]
+    assert "--distributed-executor-backend mp --middleware" in printed["serve_command"]
+    assert printed["executor"] == "mp" and printed["tensor_parallel_size"] == 2
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    server = server_factory.command(printed["serve_command"], name, elsewhere,
+                                    "--max-model-len 512 --max-num-batched-tokens 512")
+    server.wait_ready()
+    settings = server.get(SETTINGS_PATH)
+    assert (settings["tensor_parallel_size"], settings["distributed_executor_backend"]) == (2, "mp"), settings
+    assert settings["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+    assert settings["kv_blocks"] == printed["model"]["kv_blocks"]       # each rank: 2 of the 4 KV heads
+    return server
+
+
+def test_leap_rls_estimates_cross_from_rank_0_and_rls_updates_publish(padded, server_factory, tmp_path):
+    from live.readout import export_readout
+
+    where = tmp_path / "check_here"
+    where.mkdir()
+    export_readout("lmsys", where / "leap_readout.npz")
+    printed = check(padded, where, "--policy", "countdown", "--predictor", "leap-rls", "--readout",
+                    "leap_readout.npz", "--wait-cap", "16", "--update-every", "2")
+    assert "--worker-extension-cls leap_sched.vllm.WorkerExtension" in printed["serve_command"]
+    server = served(printed, server_factory, tmp_path, "tp-leap-rls")
+    lengths = [12, 4, 20, 8, 16, 6, 10, 14]
+    _, tokens = send(server, lengths, one_by_one=False, model=padded)
+    assert tokens == lengths
+    m = server.wait_for_line(r"leap_sched: countdown/leap-rls, 2 of 8 decode: .*?(\d+) finished "
+                             r"\((\d+) estimated by the hook, (\d+) on the prior\)")
+    assert (int(m.group(1)), int(m.group(2)), int(m.group(3))) == (8, 8, 0)
+    server.wait_for_line(r"leap_sched: RLS update 4 published \(2 requests")
+    assert len(re.findall(r"leap_sched: RLS update \d+ published", server.text())) == 4
+
+
+def test_countdown_oracle_finishes_shortest_first(padded, server_factory, tmp_path):
+    printed = check(padded, tmp_path, "--policy", "countdown", "--predictor", "oracle", "--wait-cap", "0")
+    server = served(printed, server_factory, tmp_path, "tp-oracle")
+    lengths = [24, 8, 40, 16, 48, 32]
+    order, tokens = send(server, lengths, one_by_one=False, model=padded)
+    assert tokens == lengths
+    assert [lengths[i] for i in order] == sorted(lengths)
+    m = server.wait_for_line(r"leap_sched: countdown/oracle, 2 of 8 decode: \d+ steps, (\d+) finished "
+                             r"\((\d+) estimated by arrival, 0 on the prior\), (\d+) decodes held back")
+    assert int(m.group(1)) == int(m.group(2)) == len(lengths) and int(m.group(3)) > 0
