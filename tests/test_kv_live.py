@@ -98,7 +98,7 @@ def test_bad_kv_input_exits_2_before_the_engine(tmp_path, flags, named, monkeypa
 @needs_engine
 @pytest.mark.parametrize("policy, predictor", [("fcfs", "none"), ("countdown", "oracle")])
 def test_a_bound_cache_preempts_and_equals_the_simulation(tmp_path, policy, predictor):
-    """14 blocks of 32 tokens for 8 requests of up to 64 output tokens arriving within 8 steps:
+    """9 blocks of 32 tokens for 8 requests of up to 64 output tokens arriving within 8 steps:
     vLLM preempts, and the simulator's replay (the same blocks, the same victim rule) gives every
     request's admission, first-token and finish step and its preemptions."""
     from core.trace import load_trace
@@ -107,13 +107,13 @@ def test_a_bound_cache_preempts_and_equals_the_simulation(tmp_path, policy, pred
     out = tmp_path / "kv.parquet"
     r = subprocess.run([sys.executable, "-m", "live.serve", "--model", str(MODEL), "--from", str(SOURCE),
                         "--requests", "8", "--force-lengths", "--max-length", "64", "--clock", "steps",
-                        "--kv-blocks", "14", "--kv-block-size", "32", "--kv-space-gib", "1", "--threads", CPU,
+                        "--kv-blocks", "9", "--kv-block-size", "32", "--kv-space-gib", "1", "--threads", CPU,
                         "--policy", policy, "--predictor", predictor, "--arrivals", "poisson",
                         "--load", "1.3x", "--capacity", "0.5", "--out", str(out)],
                        cwd=ROOT, env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     trace = load_trace(out)
-    assert trace.metadata["serving"]["kv_blocks_bound"] == 14
+    assert trace.metadata["serving"]["kv_blocks_bound"] == 9
     row = validate_step_run(trace)
     assert row["preemptions_live"] > 0, row
     for name in ("admit_step", "first_token_step", "finish_step", "preemptions"):
