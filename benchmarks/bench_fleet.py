@@ -71,6 +71,15 @@ def matvec_ms(p: int, repeats: int, rng: np.random.Generator) -> float:
     return float(np.median(times) * 1e3)
 
 
+def rls_row(d: int, repeats: int) -> str:
+    """One anchored-RLS update of 8 requests at p = d + 1, in CPU-ms and in p x p matvecs."""
+    p, rng = d + 1, np.random.default_rng(0)
+    update = bench_leap().bench_rls(p, 8, repeats, rng)["cpu_median_ms"]
+    unit = matvec_ms(p, repeats, rng)
+    return (f"LEAP+RLS at d = {d} (p = {p}), synthetic features, 8 requests per update: {update:.1f} CPU-ms per "
+            f"update (median of {repeats}); one p x p matvec {unit:.2f} CPU-ms; update = {update / unit:.1f} matvecs")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--kernel", choices=KERNELS, default="reference")
@@ -96,12 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         base = per if base is None else base
         print(f"{replicas:>3} replicas x {args.per_replica} requests ({n:,}): {per:.0f} CPU-us per request, "
               f"{per / base:.2f} x the first size")
-    p, rng = args.d + 1, np.random.default_rng(0)
-    update = bench_leap().bench_rls(p, 8, args.repeats, rng)
-    unit = matvec_ms(p, args.repeats, rng)
-    print(f"LEAP+RLS at d = {args.d} (p = {p}), synthetic features, 8 requests per update: "
-          f"{update['cpu_median_ms']:.1f} CPU-ms per update (median of {args.repeats}); one p x p matvec "
-          f"{unit:.2f} CPU-ms; update = {update['cpu_median_ms'] / unit:.1f} matvecs")
+    print(rls_row(args.d, args.repeats))
     return 0
 
 
