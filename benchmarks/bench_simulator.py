@@ -406,7 +406,7 @@ FLEET_RUN = (
     "r, n = int(sys.argv[1]), int(sys.argv[2])\n"
     "p = prepare(RunConfig(trace='sharegpt-lengths', tile=n, load=1.0, replicas=r, router='least-requests', "
     "kernel='compiled'))\n"
-    "assert type(p.simulation).__name__ == 'CompiledFleet'\n"
+    "assert type(p.simulation).__name__ == ('CompiledFleet' if r > 1 else 'Simulation')\n"
     "s, res = execute(p)\n"
     "print(s['completed'], res.steps, res.sim_cpu_s, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
 
@@ -422,7 +422,7 @@ def fleet_rows(args) -> int:
         proc = subprocess.run([sys.executable, "-c", FLEET_RUN, str(replicas), str(n)], capture_output=True,
                               text=True, env=env, check=False)
         if proc.returncode != 0:
-            print(f"  fleet of {replicas} x {n:,}: failed ({proc.stderr.strip().splitlines()[-1:]})")
+            print(f"  {replicas} replicas x {n:,}: failed ({proc.stderr.strip().splitlines()[-1:]})")
             return None
         completed, _, loop_s, rss = proc.stdout.split()
         return int(completed), float(loop_s), int(rss)
@@ -442,7 +442,7 @@ def fleet_rows(args) -> int:
         cost = loop_s / completed * 1e6
         base = base or cost
         print(f"  {replicas:>2} replicas x {args.fleet_per_replica:,} requests each: {cost:6.1f} us of loop "
-              f"per request ({cost / base:.2f}x one replica's)")
+              f"per request ({cost / base:.2f}x one replica's{', the single engine' if replicas == 1 else ''})")
     return 0
 
 
