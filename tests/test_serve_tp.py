@@ -25,6 +25,9 @@ from vllm_server import HAVE, MODEL, ROOT, SKIP_REASON
 from live.http_client import SETTINGS_PATH
 
 pytestmark = [pytest.mark.capture, pytest.mark.skipif(not HAVE, reason=SKIP_REASON)]
+#: Per served test (pytest-timeout): the leap-rls test took 546 s at load average 17-25 on two shared cores;
+#: at load 32-38 the oracle server's warm-up alone passed 5 minutes and the default 600 s stopped it.
+SERVED_TIMEOUT_S = 1500
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +65,7 @@ def served(printed: dict, server_factory, tmp_path, name: str):
     return server
 
 
+@pytest.mark.timeout(SERVED_TIMEOUT_S)
 def test_leap_rls_estimates_cross_from_rank_0_and_rls_updates_publish(padded, server_factory, tmp_path):
     from live.readout import export_readout
 
@@ -82,6 +86,7 @@ def test_leap_rls_estimates_cross_from_rank_0_and_rls_updates_publish(padded, se
     assert len(re.findall(r"leap_sched: RLS update \d+ published", server.text())) == 4
 
 
+@pytest.mark.timeout(SERVED_TIMEOUT_S)
 def test_countdown_oracle_finishes_shortest_first(padded, server_factory, tmp_path):
     printed = check(padded, tmp_path, "--policy", "countdown", "--predictor", "oracle", "--wait-cap", "0")
     server = served(printed, server_factory, tmp_path, "tp-oracle")
