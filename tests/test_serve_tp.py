@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from test_serve_plugin import send
 from vllm_server import HAVE, MODEL, ROOT, SKIP_REASON
@@ -94,6 +95,9 @@ def test_countdown_oracle_finishes_shortest_first(padded, server_factory, tmp_pa
     order, tokens = send(server, lengths, one_by_one=False, model=padded)
     assert tokens == lengths
     assert [lengths[i] for i in order] == sorted(lengths)
-    m = server.wait_for_line(r"leap_sched: countdown/oracle, 2 of 8 decode: \d+ steps, (\d+) finished "
-                             r"\((\d+) estimated by arrival, 0 on the prior\), (\d+) decodes held back")
-    assert int(m.group(1)) == int(m.group(2)) == len(lengths) and int(m.group(3)) > 0
+    line = (r"leap_sched: countdown/oracle, 2 of 8 decode: \d+ steps, (\d+) finished "
+            r"\((\d+) estimated by arrival, 0 on the prior\), (\d+) decodes held back")
+    server.wait_for_line(line)
+    # one stats line per busy period; a loaded server may turn idle between responses: sum the lines
+    totals = np.sum([[int(g) for g in m] for m in re.findall(line, server.text())], axis=0)
+    assert totals[0] == totals[1] == len(lengths) and totals[2] > 0, totals
