@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from test_serve_plugin import send
 from vllm_server import HAVE, MODEL, ROOT, SKIP_REASON
@@ -25,6 +26,9 @@ from vllm_server import HAVE, MODEL, ROOT, SKIP_REASON
 from live.http_client import SETTINGS_PATH
 
 pytestmark = [pytest.mark.capture, pytest.mark.skipif(not HAVE, reason=SKIP_REASON)]
+#: Per served test (pytest-timeout): the leap-rls test took 546 s at load average 17-25 on two shared cores;
+#: at load 32-38 the oracle server's warm-up alone passed 5 minutes and the default 600 s stopped it.
+SERVED_TIMEOUT_S = 1500
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +66,7 @@ def served(printed: dict, server_factory, tmp_path, name: str):
     return server
 
 
+@pytest.mark.timeout(SERVED_TIMEOUT_S)
 def test_leap_rls_estimates_cross_from_rank_0_and_rls_updates_publish(padded, server_factory, tmp_path):
     from live.readout import export_readout
 
@@ -82,6 +87,7 @@ def test_leap_rls_estimates_cross_from_rank_0_and_rls_updates_publish(padded, se
     assert len(re.findall(r"leap_sched: RLS update \d+ published", server.text())) == 4
 
 
+@pytest.mark.timeout(SERVED_TIMEOUT_S)
 def test_countdown_oracle_finishes_shortest_first(padded, server_factory, tmp_path):
     printed = check(padded, tmp_path, "--policy", "countdown", "--predictor", "oracle", "--wait-cap", "0")
     server = served(printed, server_factory, tmp_path, "tp-oracle")
@@ -89,6 +95,9 @@ def test_countdown_oracle_finishes_shortest_first(padded, server_factory, tmp_pa
     order, tokens = send(server, lengths, one_by_one=False, model=padded)
     assert tokens == lengths
     assert [lengths[i] for i in order] == sorted(lengths)
-    m = server.wait_for_line(r"leap_sched: countdown/oracle, 2 of 8 decode: \d+ steps, (\d+) finished "
-                             r"\((\d+) estimated by arrival, 0 on the prior\), (\d+) decodes held back")
-    assert int(m.group(1)) == int(m.group(2)) == len(lengths) and int(m.group(3)) > 0
+    line = (r"leap_sched: countdown/oracle, 2 of 8 decode: \d+ steps, (\d+) finished "
+            r"\((\d+) estimated by arrival, 0 on the prior\), (\d+) decodes held back")
+    server.wait_for_line(line)
+    # one stats line per busy period; a loaded server may turn idle between responses: sum the lines
+    totals = np.sum([[int(g) for g in m] for m in re.findall(line, server.text())], axis=0)
+    assert totals[0] == totals[1] == len(lengths) and totals[2] > 0, totals
