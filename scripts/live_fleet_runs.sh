@@ -3,7 +3,7 @@
 # engines in one process (leap-serve --clock steps --replicas 2), one core each, stepped in lockstep,
 # arrivals routed by the simulator's routers; Poisson in steps, seed 0, at a load of the fleet's
 # capacity (2 x one engine's measured steps capacity, traces/live/WL200-steps-capacity.json).
-# `leap-validate` / tests/test_fleet_stepclock_replay.py replay each with `simulate --arrivals steps
+# `leap-validate` / tests/test_stepclock_replay.py replay each with `simulate --arrivals steps
 # --replicas 2 --router NAME`. Resumable at run granularity: finished runs are skipped, a run cut
 # short restarts from its first step (rerun the same command).
 #

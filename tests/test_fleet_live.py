@@ -12,7 +12,17 @@ import sys
 
 import pytest
 
-from tests.test_stepclock_live import CPU, HAVE_MODEL, MODEL, ROOT, SOURCE, _csv, _env, needs_engine
+from tests.test_stepclock_live import (
+    CPU,
+    HAVE_MODEL,
+    MODEL,
+    ROOT,
+    SOURCE,
+    _csv,
+    _env,
+    needs_engine,
+    refused_before_the_engine,
+)
 
 #: a burst at 0, stragglers, and two arrivals long after the first ones finished (idle ticks)
 ARRIVALS = [0, 0, 0, 1, 2, 5, 5, 9, 60, 60]
@@ -23,14 +33,6 @@ ARRIVALS = [0, 0, 0, 1, 2, 5, 5, 9, 60, 60]
 @pytest.mark.parametrize("case", ["seconds_clock", "unknown_router", "no_router_estimate", "zero", "too_many",
                                   "server", "measure"])
 def test_bad_fleet_input_exits_2_before_the_engine(tmp_path, case, monkeypatch, capsys):
-    from capture import backend_vllm
-    from live.serve import main
-
-    def no_engine(*a, **k):
-        raise AssertionError("the engine started")
-
-    monkeypatch.setattr(backend_vllm.VLLMBackend, "__init__", no_engine)
-    monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "o.parquet"
     base = ["--model", str(MODEL), "--from", str(SOURCE), "--requests", "4", "--out", str(out),
             "--arrivals", "poisson", "--load", "1x", "--capacity", "0.1"]
@@ -44,10 +46,7 @@ def test_bad_fleet_input_exits_2_before_the_engine(tmp_path, case, monkeypatch, 
         "server": ([*steps, "--replicas", "2", "--server", "http://127.0.0.1:9"], "--server"),
         "measure": ([*steps, "--replicas", "2", "--capacity", "measure"], "--capacity measure"),
     }[case]
-    assert main([*base, *args]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("leap-serve: error:") and named in err[0], err
-    assert not out.exists() and not out.with_name(out.name + ".parts").exists()
+    refused_before_the_engine([*base, *args], named, out, tmp_path, monkeypatch, capsys)
 
 
 @pytest.mark.capture

@@ -130,14 +130,6 @@ def test_poisson_steps_are_the_simulators_poisson_floored():
 @pytest.mark.parametrize("case", ["negative_step", "fractional_step", "word_step", "no_column", "rate",
                                   "resume", "csv_with_load", "too_few_steps", "uni_only"])
 def test_bad_step_clock_input_exits_2_before_the_engine(tmp_path, case, monkeypatch, capsys):
-    from capture import backend_vllm
-    from live.serve import main
-
-    def no_engine(*a, **k):
-        raise AssertionError("the engine started")
-
-    monkeypatch.setattr(backend_vllm.VLLMBackend, "__init__", no_engine)
-    monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "o.parquet"
     base = ["--model", str(MODEL), "--from", str(SOURCE), "--requests", "4", "--out", str(out),
             "--clock", "steps"]
@@ -154,7 +146,20 @@ def test_bad_step_clock_input_exits_2_before_the_engine(tmp_path, case, monkeypa
         "uni_only": (["--arrivals", "poisson", "--load", "1x", "--executor", "mp"], "--executor uni"),
     }[case]
     f.write_text("arrival_s\n0\n1\n2\n3\n")
-    assert main([*base, *args]) == 2
+    refused_before_the_engine([*base, *args], named, out, tmp_path, monkeypatch, capsys)
+
+
+def refused_before_the_engine(argv, named: str, out: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    """``leap-serve argv`` exits 2 with one line naming ``named``, no engine started, nothing written."""
+    from capture import backend_vllm
+    from live.serve import main
+
+    def no_engine(*a, **k):
+        raise AssertionError("the engine started")
+
+    monkeypatch.setattr(backend_vllm.VLLMBackend, "__init__", no_engine)
+    monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("leap-serve: error:") and named in err[0], err
     assert not out.exists() and not out.with_name(out.name + ".parts").exists()

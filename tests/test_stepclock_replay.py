@@ -5,7 +5,11 @@ finish step must equal the live one: all of them for FCFS and oracle countdown, 
 leap and leap-rls (their estimates come from the live engine's float hidden states); runs with a
 bound KV cache (``-kvN-``, ``leap-serve --kv-blocks``) hold each request's preemptions the same way.
 
-No step-clocked run found is a failure, not a skip: the runs are part of the repository."""
+The live fleets under traces/live/fleet/ (``*-r*-*.parquet``: two engines in one process, docs/
+semantics.md "Live fleets") are replayed with ``--replicas 2 --router NAME``: every request's
+replica too, and for FCFS and the oracle its admit and first-token step as well.
+
+No step-clocked run or fleet found is a failure, not a skip: the runs are part of the repository."""
 
 from __future__ import annotations
 
@@ -17,11 +21,15 @@ from experiments.validate_steps import TARGETS, validate_step_run
 from simulator.stepclock import trace_clock
 
 LIVE = traces_dir() / "live"
-RUNS = sorted(p for p in LIVE.glob("*-steps-*.parquet") if not p.name.endswith(SIDE_TABLE_SUFFIXES))
+SINGLE = sorted(p for p in LIVE.glob("*-steps-*.parquet") if not p.name.endswith(SIDE_TABLE_SUFFIXES))
+FLEETS = sorted(p for p in (LIVE / "fleet").glob("*-r*-*.parquet") if not p.name.endswith(SIDE_TABLE_SUFFIXES))
+RUNS = SINGLE + FLEETS
 
 
-def test_step_clocked_runs_are_committed():
-    assert RUNS, f"no step-clocked serving run (*-steps-*.parquet) under {LIVE.name}/: record them with leap-serve --clock steps"
+@pytest.mark.parametrize("runs", [SINGLE, FLEETS], ids=["single", "fleet"])
+def test_step_clocked_runs_are_committed(runs):
+    assert runs, (f"no step-clocked serving run under {LIVE.name}/: record them with leap-serve --clock steps "
+                  "(fleets: scripts/live_fleet_runs.sh)")
 
 
 @pytest.mark.parametrize("path", RUNS, ids=[p.stem for p in RUNS])
@@ -38,3 +46,7 @@ def test_replay_finishes_every_request_at_the_live_step(path):
         assert row["preemptions_match_share"] >= target, (
             f"{path.name}: {row['preemptions_match_share']:.2%} of preemption counts equal (target {target:.0%}); "
             f"live {row['preemptions_live']}, simulated {row['preemptions_sim']}")
+    if path in FLEETS:
+        assert row["replica_match_share"] >= target, f"{path.name}: {row['replica_match_share']:.2%} of replicas equal"
+        if target == 1.0:
+            assert row["admit_step_match_share"] == row["first_token_step_match_share"] == 1.0, path.name
