@@ -27,6 +27,8 @@ from predictors import NO_PREDICTOR
 from predictors.live import ARRIVAL_PREDICTORS, LIVE_PREDICTORS, NOT_LIVE
 
 CONFIG_KEY = "leap_live"
+#: The entry ``vllm serve --additional-config`` carries for the plugin (``leap_sched.vllm.CONFIG_KEY``).
+PLUGIN_CONFIG_KEY = "leap"
 SCHEDULER_CLS = "live.scheduler.LeapScheduler"
 WORKER_EXTENSION_CLS = "live.worker_ext.LiveExt"
 TAP_EXECUTOR_CLS = "live.tap_executor.TapExecutor"

@@ -93,13 +93,12 @@ def tapped_layer(model: torch.nn.Module) -> tuple[int, TapBuffer] | None:
 def configured_layer(additional_config) -> int | None:
     """The read-out's layer named in vLLM's ``additional_config`` (the plugin's or the in-process
     entry), or None when the settings use no read-out."""
-    from leap_sched.vllm import CONFIG_KEY as PLUGIN_KEY
-    from live.config import CONFIG_KEY
+    from live.config import CONFIG_KEY, PLUGIN_CONFIG_KEY
     from live.readout import load_readout
 
     if not isinstance(additional_config, dict):
         return None
-    for key in (PLUGIN_KEY, CONFIG_KEY):
+    for key in (PLUGIN_CONFIG_KEY, CONFIG_KEY):
         entry = additional_config.get(key)
         if isinstance(entry, dict) and entry.get("readout"):
             return int(load_readout(entry["readout"]).info["layer"])

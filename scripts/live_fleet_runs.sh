@@ -9,6 +9,7 @@
 #
 #   nohup setsid bash scripts/live_fleet_runs.sh > /tmp/fleet.log 2>&1 &
 #   WORKLOADS=lmsys bash scripts/live_fleet_runs.sh fcfs-least-requests-1.3   # only this run
+#   KV_BLOCKS=72 KV_GIB=1 WORKLOADS=alpaca bash scripts/live_fleet_runs.sh fcfs-least-requests-1.3   # KV binds
 #
 # Engine settings as scripts/live_steps_runs.sh (64 resident, 16 decode slots, wait cap 128, forced
 # lengths capped at MAXLEN); N=40 requests; the LEAP read-out trained on the other workload.
@@ -16,6 +17,7 @@ set -euo pipefail
 N="${N:-40}"
 CPUS="${CPUS:-0-1}"
 KV_GIB="${KV_GIB:-2}"       # per engine: two in one process; check_kv refuses a cache that cannot hold the cap
+KV_BLOCKS="${KV_BLOCKS:-}"  # per engine: a KV cache of exactly this many 32-token blocks (preemption), runs named -kvN-
 source "$(dirname "${BASH_SOURCE[0]}")/live_env.sh"
 OUTDIR="${OUTDIR:-traces/live/fleet}"
 WORKLOADS="${WORKLOADS:-alpaca lmsys}"
@@ -42,7 +44,9 @@ for wl in $WORKLOADS; do
   echo "== $wl$N: one engine's live FCFS capacity $capacity req/step ($capfile); the fleet's is 2x"
   for name in "${ORDER[@]}"; do
     read -r policy predictor router load <<<"${RUNS[$name]}"
-    out="$OUTDIR/$wl$N-r2-$name.parquet"
+    kv=(); tag=""
+    [ -n "$KV_BLOCKS" ] && kv=(--kv-blocks "$KV_BLOCKS" --kv-block-size 32) && tag="kv$KV_BLOCKS-"
+    out="$OUTDIR/$wl$N-r2-$tag$name.parquet"
     if [ -f "$out" ] && [ ! -d "$out.parts" ]; then echo "== $name: done ($out)"; continue; fi
     extra=()
     case "$predictor" in leap|leap-rls) extra=(--readout "$readout");; esac
@@ -51,7 +55,7 @@ for wl in $WORKLOADS; do
     taskset -c "$CPUS" "$PY" -m live.serve --from "traces/$wl.parquet" --requests "$N" --force-lengths \
         --max-length "$MAXLEN" --max-resident 64 --decode-slots 16 --wait-cap 128 --threads "$CPUS" --kv-space-gib "$KV_GIB" \
         --seed 0 --clock steps --replicas 2 --router "$router" --policy "$policy" --predictor "$predictor" \
-        --arrivals poisson --load "${load}x" --capacity "$capacity" --out "$out" "${extra[@]}" \
+        --arrivals poisson --load "${load}x" --capacity "$capacity" --out "$out" ${kv[@]+"${kv[@]}"} "${extra[@]}" \
         || echo "== $wl$N $name: FAILED (exit $?), continuing"
   done
 done

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from live.config import PLUGIN_CONFIG_KEY
+
 #: The ``--additional-config`` key holding the scheduler's settings (live.config.LiveSchedulerConfig fields).
-CONFIG_KEY = "leap"
+CONFIG_KEY = PLUGIN_CONFIG_KEY
 #: The class paths vLLM's flags name.
 SCHEDULER_CLS = "leap_sched.vllm.Scheduler"
 EXECUTOR_CLS = "leap_sched.vllm.Executor"
 WORKER_EXTENSION_CLS = "leap_sched.vllm.WorkerExtension"
+#: vLLM's executor for tensor parallel > 1 (the hook through leap_sched.vllm.tp).
+TP_BACKEND = "mp"
 
 _LAZY = {
     "Scheduler": "leap_sched.vllm.scheduler",
@@ -38,4 +42,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["CONFIG_KEY", "EXECUTOR_CLS", "SCHEDULER_CLS", "WORKER_EXTENSION_CLS", *_LAZY]
+__all__ = ["CONFIG_KEY", "EXECUTOR_CLS", "SCHEDULER_CLS", "TP_BACKEND", "WORKER_EXTENSION_CLS", *_LAZY]

@@ -25,7 +25,7 @@ import os
 import shlex
 from pathlib import Path
 
-from leap_sched.vllm import CONFIG_KEY, EXECUTOR_CLS, SCHEDULER_CLS, WORKER_EXTENSION_CLS
+from leap_sched.vllm import CONFIG_KEY, EXECUTOR_CLS, SCHEDULER_CLS, TP_BACKEND, WORKER_EXTENSION_CLS
 from leap_sched.vllm.endpoint import MIDDLEWARE as SETTINGS_MIDDLEWARE  # GET /leap_sched/settings, for clients
 from live.common import LiveConfigError
 from live.config import LiveSchedulerConfig
@@ -36,8 +36,6 @@ LAUNCHERS = ("vllm", "module")
 CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 #: vLLM's CPU platform: the cores each rank's OpenMP threads bind to, ranks separated by ``|``.
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
-#: vLLM's executor for tensor parallel > 1 (the hook through leap_sched.vllm.tp).
-TP_BACKEND = "mp"
 #: The settings that name a file: written absolute, so the command works from any folder.
 FILE_SETTINGS = ("readout", "head_weights")
 

@@ -21,8 +21,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import fields
 
-from leap_sched.vllm import CONFIG_KEY, EXECUTOR_CLS, WORKER_EXTENSION_CLS
-from leap_sched.vllm.command import TP_BACKEND
+from leap_sched.vllm import CONFIG_KEY, EXECUTOR_CLS, TP_BACKEND, WORKER_EXTENSION_CLS
 from live.common import LiveConfigError
 from live.config import LiveSchedulerConfig, model_id_of
 
