@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from test_serve_plugin import send
@@ -24,7 +25,10 @@ from vllm_server import HAVE, MODEL, ROOT, SKIP_REASON
 
 from live.http_client import SETTINGS_PATH
 
-pytestmark = [pytest.mark.capture, pytest.mark.skipif(not HAVE, reason=SKIP_REASON)]
+# a compiled TP-2 start (two ranks tracing and compiling on one core each) took over 10 minutes under load
+#: Seconds to /health for a compiled TP-2 start on two shared cores.
+START_TIMEOUT_S = 1800
+pytestmark = [pytest.mark.capture, pytest.mark.skipif(not HAVE, reason=SKIP_REASON), pytest.mark.timeout(START_TIMEOUT_S + 600)]
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +54,15 @@ def served(printed: dict, server_factory, tmp_path, name: str):
     assert "VLLM_CPU_OMP_THREADS_BIND='0|1' " in printed["serve_command"]
     assert "--distributed-executor-backend mp --middleware" in printed["serve_command"]
     assert printed["executor"] == "mp" and printed["tensor_parallel_size"] == 2
+    assert "--enforce-eager" not in printed["serve_command"]          # compiled: each worker taps before tracing
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     server = server_factory.command(printed["serve_command"], name, elsewhere,
                                     "--max-model-len 512 --max-num-batched-tokens 512")
-    server.wait_ready()
+    server.wait_ready(timeout_s=START_TIMEOUT_S)
     settings = server.get(SETTINGS_PATH)
     assert (settings["tensor_parallel_size"], settings["distributed_executor_backend"]) == (2, "mp"), settings
-    assert settings["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+    assert settings["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "0|1" and settings["enforce_eager"] is False
     assert settings["kv_blocks"] == printed["model"]["kv_blocks"]       # each rank: 2 of the 4 KV heads
     return server
 
@@ -72,6 +77,9 @@ def test_leap_rls_estimates_cross_from_rank_0_and_rls_updates_publish(padded, se
                     "leap_readout.npz", "--wait-cap", "16", "--update-every", "2")
     assert "--worker-extension-cls leap_sched.vllm.WorkerExtension" in printed["serve_command"]
     server = served(printed, server_factory, tmp_path, "tp-leap-rls")
+    # the tap is in rank 0's compiled graph (vLLM saves it beside its compile cache)
+    m = server.wait_for_line(r"\(Worker_TP0 pid=\d+\).*Using cache directory: (\S+) for vLLM's torch.compile")
+    assert "leap_live.tap_rows" in (Path(m.group(1)) / "computation_graph.py").read_text()
     lengths = [12, 4, 20, 8, 16, 6, 10, 14]
     _, tokens = send(server, lengths, one_by_one=False, model=padded)
     assert tokens == lengths
