@@ -107,8 +107,8 @@ class LiveExt(CaptureExt):
             raise ValueError(f"layer {layer} out of range: the model has {len(layers)} decoder layers")
         tap = tapped_layer(r.model)
         if tap is None or tap[0] != int(layer):
-            raise ValueError(f"decoder layer {layer} carries no LEAP tap: the engine must run live.tap.TapExecutor "
-                             "(or the plugin's executor), which taps the layer before vLLM traces the model")
+            raise ValueError(f"decoder layer {layer} carries no LEAP tap: the engine's additional_config must name "
+                             "this read-out, so that each worker taps its layer at load, before vLLM traces the model")
         w, b, lo, hi, square, cap = folded
         if not square:
             raise ValueError("the live hook applies the sqrt-target read-out only (python -m live.readout)")
