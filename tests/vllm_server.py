@@ -72,8 +72,8 @@ class Server:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=30) as r:
             return json.loads(r.read())
 
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"server exited ({self.proc.returncode}) before /health:\n{self.tail()}")
@@ -84,7 +84,7 @@ class Server:
             except OSError:
                 pass
             time.sleep(0.5)
-        raise AssertionError(f"no /health within {START_TIMEOUT_S}s:\n{self.tail()}")
+        raise AssertionError(f"no /health within {timeout_s}s:\n{self.tail()}")
 
     def wait_exit(self) -> int:
         return self.proc.wait(timeout=START_TIMEOUT_S)

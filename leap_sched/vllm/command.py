@@ -95,8 +95,6 @@ def serve_argv(cfg: LiveSchedulerConfig, model: str, *, launcher: str = "vllm", 
         argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
     if cfg.needs_hook:
         argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
-        if tensor_parallel_size > 1:   # the workers' hook is installed after vLLM traces the model (settings.py)
-            argv += ["--enforce-eager"]
     if dtype is not None:
         argv += ["--dtype", dtype]
     if block_size is not None:

@@ -6,8 +6,8 @@ fields (``max_resident`` defaults to ``--max-num-seqs``) plus ``allow_untested_v
 setting errors ``LiveSchedulerConfig`` refuses, a read-out for another model (hidden size, layer
 count, model id), ordered admission with vLLM's priority policy, pipeline parallelism, an
 executor other than the plugin's (``leap_sched.vllm.Executor``; with tensor parallel > 1 other than
-vLLM's ``mp``), a hook predictor without the worker extension, and (tensor parallel > 1 only) a
-hook predictor without eager mode.
+vLLM's ``mp``), and a hook predictor without the worker extension (compiled or eager, any tensor
+parallel size: each worker taps its layer before vLLM traces the model, live.worker_ext).
 In vLLM's engine-core process a refusal is one line on stderr and exit status 2 (vLLM's front end
 then reports that the engine core failed to start); where vLLM runs in the caller's process it is
 a :class:`LiveConfigError`.
@@ -112,8 +112,8 @@ def check_executor(vllm_config) -> None:
 
 
 def check_hook_setup(vllm_config, cfg: LiveSchedulerConfig) -> None:
-    """A hook predictor needs the plugin's worker extension and a read-out for this model (compiled or eager:
-    the tap is part of the traced graph, live.tap)."""
+    """A hook predictor needs the plugin's worker extension and a read-out for this model (compiled or eager,
+    any tensor parallel size: the worker extension taps the layer before vLLM traces it, live.tap)."""
     ext = vllm_config.parallel_config.worker_extension_cls
     if not ext:
         raise LiveConfigError(f"predictor {cfg.predictor!r} needs the hook: pass --worker-extension-cls "
@@ -124,10 +124,6 @@ def check_hook_setup(vllm_config, cfg: LiveSchedulerConfig) -> None:
 
     if not issubclass(resolve_obj_by_qualname(ext), LiveExt):
         raise LiveConfigError(f"--worker-extension-cls {ext} is not leap_sched's: pass {WORKER_EXTENSION_CLS}")
-    if vllm_config.parallel_config.tensor_parallel_size > 1 and not vllm_config.model_config.enforce_eager:
-        raise LiveConfigError(f"predictor {cfg.predictor!r} with tensor parallel: the hook is installed in the "
-                              "workers after vLLM traces the model, which a compiled forward never calls: pass "
-                              "--enforce-eager")
     check_readout_model(cfg, vllm_config.model_config)
 
 
