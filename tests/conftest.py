@@ -17,12 +17,17 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=_run_order)
 
 
+#: The test module whose engine vLLM compiles in the pytest process (tests/test_live_compiled.py).
+IN_PROCESS_COMPILED_ENGINE = "test_live_compiled.py"
+
+
 def _run_order(item) -> int:
     """Tests that start a vLLM engine in this process (marker ``capture``) first, the compiled-kernel
     identity tests last, everything else (most of which runs the kernel: it is the default) between."""
     if item.get_closest_marker("capture") is not None:
-        return 0
-    return 2 if item.path.name.startswith("test_compiled") else 1
+        # the one module that builds a torch.compile'd engine in this process goes after the eager ones
+        return 1 if item.path.name == IN_PROCESS_COMPILED_ENGINE else 0
+    return 3 if item.path.name.startswith("test_compiled") else 2
 
 
 @pytest.fixture(autouse=True, scope="session")

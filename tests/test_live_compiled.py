@@ -15,6 +15,9 @@ from test_live_scheduler import LENGTHS, PROMPTS, _run_live, needs_vllm
 
 from live.config import LiveSchedulerConfig
 
+# an in-process engine: before any test loads numba (tests/conftest.py's run order)
+pytestmark = pytest.mark.capture
+
 LAYER = 12
 HIDDEN = 576
 
