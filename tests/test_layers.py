@@ -221,3 +221,15 @@ def test_the_apart_check_sees_the_kernel_through_another_module(tmp_path):
     (tmp_path / "simulator" / "scheduler.py").write_text("from simulator.kernel_steps import choose\n")
     (tmp_path / "simulator" / "kernel_steps.py").write_text("")
     assert [line.split(":")[0] for line in apart_violations(tmp_path)] == ["simulator.engine reaches simulator.kernel_steps"]
+
+
+def test_collecting_the_tests_loads_no_numba():
+    """A numba loaded in the pytest process breaks every later in-process vLLM engine (tests/conftest.py):
+    no test module may import it at collection (found in a clean-clone run: seven engine tests failed)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, pytest; pytest.main(['-q', '--collect-only', '-p', 'no:cacheprovider', 'tests']); "
+            "print('NUMBA', 'numba' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert "NUMBA False" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
