@@ -50,16 +50,17 @@ def bench_result(run: dict, latency: dict) -> dict:
 
 def add_result_flags(p: argparse.ArgumentParser, save_help: str) -> None:
     """``--goodput KEY:MS...`` and ``--save-result FILE.json``, the same on every command that has them."""
-    p.add_argument("--goodput", nargs="+", metavar="KEY:MS", help=GOODPUT_FLAG_HELP)
+    p.add_argument("--goodput", "--slo", dest="goodput", nargs="+", metavar="KEY:MS", help=GOODPUT_FLAG_HELP)
     p.add_argument("--save-result", type=output_path, metavar="FILE.json", help=save_help)
 
 
 def goodput_slos(items: list[str] | None) -> dict[str, float]:
-    """``--goodput`` parsed, or one line naming the flag (:class:`core.errors.UsageError`)."""
+    """``--goodput`` (or its other name ``--slo``) parsed, or one line naming the flag
+    (:class:`core.errors.UsageError`)."""
     try:
         return parse_goodput(items)
     except ValueError as exc:
-        raise UsageError(f"--goodput {exc}") from None
+        raise UsageError(f"--goodput/--slo {exc}") from None
 
 
 def check_save_result(path: Path | None) -> None:

@@ -26,7 +26,8 @@ PERCENTILES = (50, 90, 99)
 #: vLLM's statistics per metric, in its key order
 STATS = ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES))
 GOODPUT_FLAG_HELP = ("service level objectives in ms, vLLM bench serve's syntax: any of ttft:MS tpot:MS e2el:MS; "
-                     "adds request_goodput (requests/s meeting all of them)")
+                     "adds request_goodput (requests/s meeting all of them) and slo_attainment (their share "
+                     "of the requests); --slo is the same flag")
 
 
 def stat_keys(metric: str) -> list[str]:
@@ -139,6 +140,13 @@ def good_requests(lat: dict[str, np.ndarray], slos: dict[str, float]) -> int:
     for name, ms in slos.items():
         good &= columns[name] <= ms / 1000.0
     return int(good.sum())
+
+
+def slo_attainment(lat: dict[str, np.ndarray], slos: dict[str, float]) -> float | None:
+    """The share of the completed requests meeting every SLO (DistServe's attainment)."""
+    if not slos or len(lat["e2el"]) == 0:
+        return None
+    return good_requests(lat, slos) / len(lat["e2el"])
 
 
 def request_goodput(lat: dict[str, np.ndarray], slos: dict[str, float], duration_s: float) -> float | None:

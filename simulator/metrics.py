@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from core.latency import itl_from_request_means, latency_summary, request_goodput, request_latencies
+from core.latency import itl_from_request_means, latency_summary, request_goodput, request_latencies, slo_attainment
 from simulator.engine import RunResult
 
 LONG_REQUEST_TOKENS = 1024
@@ -93,10 +93,12 @@ def field_latency(result: RunResult, span_s: float, slos: dict[str, float] | Non
     lat = request_latencies(result.arrival_s, result.first_token_s, result.finish_s, result.output_tokens)
     done = np.isfinite(result.finish_s)
     goodput = request_goodput(lat, slos or {}, span_s)
+    attained = slo_attainment(lat, slos or {})
     return {**latency_summary(lat, itl_from_request_means(lat)),
             "total_input_tokens": int(result.prompt_tokens[done].sum()),
             "total_output_tokens": int(result.output_tokens[done].sum()),
-            "request_goodput": None if goodput is None else _num(goodput)}
+            "request_goodput": None if goodput is None else _num(goodput),
+            "slo_attainment": None if attained is None else _num(attained)}
 
 
 def summarize(result: RunResult, slos: dict[str, float] | None = None, **context) -> dict:

@@ -116,6 +116,13 @@ def test_goodput_and_save_result_from_the_command(tmp_path, capsys):
     assert table.column("request_goodput").to_pylist() == [pytest.approx(4 / 29)]
 
 
+def test_slo_is_goodput_under_its_other_name_and_adds_attainment(tmp_path, capsys):
+    s = hand_run(tmp_path, capsys, "--slo", "ttft:1000", "e2el:15000")
+    assert s["request_goodput"] == pytest.approx(4 / 29)
+    assert s["slo_attainment"] == pytest.approx(4 / 8)                  # 4 of the 8 completed requests
+    assert hand_run(tmp_path, capsys)["slo_attainment"] is None
+
+
 def test_config_rerun_keeps_its_slos(tmp_path, capsys):
     hand_run(tmp_path, capsys, "--goodput", "e2el:7000")
     assert main(["--config", str(tmp_path / "run" / "config.json"), "--json", "--kernel", "reference"]) == 0
@@ -128,12 +135,12 @@ def test_a_run_without_slos_keeps_its_config_bytes(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--goodput", "tpot"], "--goodput 'tpot': expected KEY:MS"),
-    (["--goodput", "itl:5"], "--goodput 'itl:5': expected KEY:MS with KEY one of ttft, tpot, e2el"),
-    (["--goodput", "ttft:-1"], "--goodput 'ttft:-1': the SLO must be a finite number of ms >= 0"),
-    (["--goodput", "ttft:nan"], "--goodput 'ttft:nan': the SLO must be"),
-    (["--goodput", "e2el:x"], "--goodput 'e2el:x': 'x' is not a number of milliseconds"),
-    (["--goodput", "ttft:1", "ttft:2"], "--goodput 'ttft:2': ttft is given twice"),
+    (["--goodput", "tpot"], "--goodput/--slo 'tpot': expected KEY:MS"),
+    (["--goodput", "itl:5"], "--goodput/--slo 'itl:5': expected KEY:MS with KEY one of ttft, tpot, e2el"),
+    (["--goodput", "ttft:-1"], "--goodput/--slo 'ttft:-1': the SLO must be a finite number of ms >= 0"),
+    (["--goodput", "ttft:nan"], "--goodput/--slo 'ttft:nan': the SLO must be"),
+    (["--goodput", "e2el:x"], "--goodput/--slo 'e2el:x': 'x' is not a number of milliseconds"),
+    (["--goodput", "ttft:1", "ttft:2"], "--goodput/--slo 'ttft:2': ttft is given twice"),
     (["--predictor", "none,oracle", "--save-result", "{tmp}/r.json"], "--save-result writes one run's result; "
      "this command plans 2 runs"),
     (["--save-result", "{tmp}"], "is a folder; name a .json file"),
