@@ -253,6 +253,9 @@ def _configs(args) -> list[RunConfig]:
         else:
             loads = [parse_load(x) for x in split_list("--load", args.load if args.load is not None else DEFAULT_LOAD)]
         explicit = {field: getattr(args, flag) for flag, field in ENGINE_FLAGS.items() if getattr(args, flag) is not None}
+        if args.block_size is not None and args.kv_blocks is None:   # as leap-serve's --kv-block-size
+            raise UsageError(f"--block-size {args.block_size} applies with --kv-blocks only (KV is unbounded "
+                             "without it); add --kv-blocks N or profile, or drop --block-size")
         if not args.preset and ("decode_slots" in explicit or "max_resident" in explicit):
             given = EngineConfig(**explicit)   # the defaults count: --decode-slots 600 is above 512
             check_decode_slots(given.decode_slots, given.max_resident)

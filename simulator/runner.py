@@ -222,7 +222,12 @@ def resolve_kv_blocks(config: EngineConfig, profile) -> EngineConfig:
     """``--kv-blocks profile``: the blocks the profile's GPU memory holds beside the weights."""
     if config.kv_blocks != KV_BLOCKS_FROM_PROFILE:
         return config
-    return replace(config, kv_blocks=kv_blocks_in_memory(profile.hardware, config.kv_block_size))
+    blocks = kv_blocks_in_memory(profile.hardware, config.kv_block_size)
+    if blocks < 1:   # named as typed: the user gave 'profile' and a block size, not 0 blocks
+        raise ValueError(f"--kv-blocks profile --block-size {config.kv_block_size}: engine profile "
+                         f"{profile.describe().get('name')!r} holds no block of {config.kv_block_size} tokens beside "
+                         "its weights; give a smaller --block-size or --kv-blocks N")
+    return replace(config, kv_blocks=blocks)
 
 
 def check_kv_budget(workload: Trace, config: EngineConfig) -> None:
@@ -289,7 +294,7 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
             window = config.arrivals.window or recorded_window(trace)
     else:
         capacity = measure_capacity(mix if mix is not None else workload, profile, engine_config,
-                                    run=lambda sim: run_simulation(sim, config.kernel))
+                                    run=lambda sim: run_simulation(sim, config.kernel, note=config.replicas == 1))
         capacity *= config.replicas   # N identical replicas: N x one engine's (docs/semantics.md "Fleets")
         assert config.load is not None   # RunConfig refuses a rate-driven run without a load
         rate = config.load * capacity
@@ -327,17 +332,19 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
     return Prepared(config, workload, sim, capacity, rate, resolved)
 
 
-def run_simulation(sim: Simulation, kernel: str) -> RunResult:
+def run_simulation(sim: Simulation, kernel: str, note: bool = True) -> RunResult:
     """Run ``sim`` on ``kernel`` (one of :data:`KERNELS`): the compiled kernel where it replays the run
     byte for byte (:func:`simulator.compiled.unsupported`), else the reference engine, never silently
-    (:func:`simulator.compiled.note_fallback`). The one place that chooses; the engine runs what it is given."""
+    (:func:`simulator.compiled.note_fallback`; ``note`` False where the caller says it: a fleet's capacity
+    run, whose fleet notes the same reason once). The one place that chooses; the engine runs what it is given."""
     if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r} (known: {', '.join(KERNELS)})")
     if kernel == "compiled":
         reason = unsupported(sim)
         if reason is None:
             return sim.run(CompiledRun)
-        note_fallback(reason)
+        if note:
+            note_fallback(reason)
     return sim.run()
 
 
