@@ -13,6 +13,8 @@ import math
 import sys
 from pathlib import Path
 
+from core.errors import UsageError
+
 
 def cache_key(desc: dict, length: int = 32) -> str:
     """A stable key for a description (sorted JSON, SHA-256)."""
@@ -31,6 +33,9 @@ def read_table(path: Path, quiet: bool = False) -> dict:
     rewritten whole), never a traceback."""
     if not path.exists():
         return {}
+    if path.is_dir():   # nothing can be read or written there: refused, not worked around per run
+        raise UsageError(f"capacity cache {path} is a folder, not a file: remove it, or set "
+                         "LEAP_CACHE_DIR to another folder")
     try:
         table = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -44,9 +49,24 @@ def read_table(path: Path, quiet: bool = False) -> dict:
     return table
 
 
+#: Above this a cached capacity is not a measurement (one engine completing a billion requests a
+#: second): named and recomputed like any other invalid entry.
+MAX_CAPACITY_REQ_S = 1e9
+
+
 def valid_entry(entry) -> bool:
     value = entry.get("capacity_req_s") if isinstance(entry, dict) else None
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and 0 < value <= MAX_CAPACITY_REQ_S and _writable(entry))
+
+
+def _writable(entry) -> bool:
+    """Strict JSON (no NaN or infinity anywhere in it): what :func:`write_entry` can write back."""
+    try:
+        json.dumps(entry, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def read_entry(path: Path, key: str) -> dict | None:
@@ -66,8 +86,11 @@ def write_entry(path: Path, key: str, entry: dict) -> None:
     from core.io import atomic_write_json
 
     if not valid_entry(entry):
-        raise ValueError(f"capacity cache entry {key}: capacity_req_s must be a finite positive number")
-    table = read_table(path, quiet=True)
+        raise ValueError(f"capacity cache entry {key}: capacity_req_s must be a finite positive number "
+                         f"(at most {MAX_CAPACITY_REQ_S:g})")
+    # invalid entries of other keys go (each is recomputed when asked for): one NaN must not make
+    # the file unwritable for every run
+    table = {k: v for k, v in read_table(path, quiet=True).items() if valid_entry(v)}
     table[key] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, table)

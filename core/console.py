@@ -75,3 +75,17 @@ def _renders_whole(table: Any, width: int) -> bool:
     Console(width=width, file=buffer, color_system=None).print(table)
     text = buffer.getvalue()
     return "\u2026" not in text and all(len(line) <= width for line in text.splitlines())
+
+
+def stdout_console(width: int) -> Any:
+    """A rich Console on stdout whose closed pipe (``simulate ... | head -1``) raises
+    ``BrokenPipeError``, which :func:`core.errors.run_command` ends quietly with status 141 as a
+    shell reports SIGPIPE (rich's own handler exits with status 1)."""
+    from rich.console import Console
+
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError("stdout closed by its reader")
+
+    return PipeConsole(width=width, highlight=False)

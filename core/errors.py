@@ -45,9 +45,36 @@ class OneLineParser(argparse.ArgumentParser):
     usage block and exiting. A subcommand's parser (``prog="capture-traces merge"``) names its
     subcommand first: ``capture-traces: error: merge: the following arguments are required: ...``."""
 
+    _argv: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
         _, _, subcommand = self.prog.partition(" ")
+        unknown = self._unknown_flags()
+        if unknown and message.startswith("the following arguments are required"):
+            message = f"unrecognized arguments: {' '.join(unknown)}"   # the typo, not what it hid
         raise UsageError(f"{subcommand}: {message}" if subcommand else message)
+
+    def _unknown_flags(self) -> list[str]:
+        """Flags on the command line that no option of this parser takes (argparse names missing
+        required arguments before them, so ``report --bogus`` would say a trace is missing)."""
+        unknown = []
+        for token in self._argv:
+            if token == "--":
+                break
+            if not token.startswith("-") or token == "-" or self._negative_number_matcher.match(token):
+                continue
+            flag = token.split("=", 1)[0]
+            if flag in self._option_string_actions:
+                continue
+            if self.allow_abbrev and flag.startswith("--") and any(
+                    option.startswith(flag) for option in self._option_string_actions):
+                continue
+            unknown.append(flag)
+        return unknown
 
 
 def first_line(exc: BaseException) -> str:

@@ -121,9 +121,13 @@ def _read_csv(path: Path, columns: list[str], types: dict | None = None) -> pa.T
                                                                        column_types=types or {}))
     except (OSError, pa.ArrowException) as exc:
         if isinstance(exc, pa.ArrowInvalid) and types:   # name the value's column and row
-            strings = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(
-                include_columns=columns, column_types={c: pa.string() for c in columns}))
-            _refuse_first_bad_count(path, strings, [c for c, t in types.items() if pa.types.is_integer(t)])
+            try:
+                strings = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(
+                    include_columns=columns, column_types={c: pa.string() for c in columns}))
+            except (OSError, pa.ArrowException) as again:   # not the values: the rows (a field missing)
+                exc = again
+            else:
+                _refuse_first_bad_count(path, strings, [c for c, t in types.items() if pa.types.is_integer(t)])
         raise TraceError(f"trace {path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import multiprocessing
 import os
 import signal
@@ -82,17 +83,56 @@ def planned_record(prepared: Prepared) -> dict:
     return json.loads(json.dumps(record, sort_keys=True, allow_nan=False))
 
 
-def completed_summary(config: RunConfig, target: str | Path, prepared: Prepared | None = None) -> dict | None:
-    """The stored summary of ``target`` if it holds a complete run of exactly this configuration."""
+def completed_summary(config: RunConfig, target: str | Path, prepared: Prepared | None = None,
+                      notify: Callable[[str], None] | None = None) -> dict | None:
+    """The stored summary of ``target`` if it holds a complete run of exactly this configuration.
+    A ``summary.json`` that is unreadable, or does not describe the run its folder holds (its run's
+    names, seed, load and rates, and the request count of ``requests.parquet``), is not trusted:
+    ``notify`` gets one line naming it, and the run is redone."""
     target = Path(target)
+    if not (target / SUMMARY_FILE).exists():
+        return None
     try:
-        summary = json.loads((target / SUMMARY_FILE).read_text())
         stored = json.loads((target / CONFIG_FILE).read_text())
     except (OSError, ValueError):
-        return None
+        stored = None
+    prepared = prepared if prepared is not None else prepare(config)
+    if stored != planned_record(prepared):
+        return None   # another run's folder (or an older one): redone, as it always was
+    try:
+        summary = json.loads((target / SUMMARY_FILE).read_text())
+        problem = summary_problem(summary, prepared, target)
+    except (OSError, ValueError) as exc:
+        problem = f"unreadable ({exc})"
+    if problem is None:
+        return summary
+    if notify is not None:
+        notify(f"{target / SUMMARY_FILE}: {problem}; the run is redone")
+    return None
+
+
+def summary_problem(summary, prepared: Prepared, target: Path) -> str | None:
+    """Why a stored summary is not this run's (None: it is): its identity and counts are checked."""
+    import pyarrow.parquet as pq
+
     if not isinstance(summary, dict):
-        return None
-    return summary if stored == planned_record(prepared if prepared is not None else prepare(config)) else None
+        return "not a JSON object"
+    cfg = prepared.config
+    expected = {"trace": prepared.resolved["trace_name"], "predictor": cfg.predictor, "policy": cfg.policy,
+                "engine": cfg.engine, "arrivals": cfg.arrivals.describe(), "load": cfg.load, "seed": cfg.seed,
+                "charge_cost": cfg.charge_cost, "capacity_req_s": prepared.capacity_req_s,
+                "arrival_rate_req_s": prepared.arrival_rate_req_s}
+    for key, value in expected.items():
+        if key not in summary or summary[key] != json.loads(json.dumps(value)):
+            return f"field {key} is {summary.get(key, 'missing')!r}, the run's is {value!r}"
+    rows = pq.read_metadata(target / "requests.parquet").num_rows
+    arrived, completed = summary.get("arrived"), summary.get("completed")
+    if arrived != rows or not isinstance(completed, int) or isinstance(completed, bool) or not 0 <= completed <= rows:
+        return f"arrived {arrived!r} / completed {completed!r} do not match requests.parquet's {rows} requests"
+    bad = next((k for k, v in summary.items() if isinstance(v, float) and not math.isfinite(v)), None)
+    if bad is not None or not isinstance(summary.get("mean_ptl_s"), (int, float, type(None))):
+        return f"field {bad or 'mean_ptl_s'} is not a number"
+    return None
 
 
 def run_one(config: RunConfig, out: str | None = None, prepared: Prepared | None = None,
@@ -348,7 +388,7 @@ def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1
             if resume and out is not None:
                 for i, (config, target) in enumerate(zip(configs, outs)):
                     if target is not None:
-                        results[i] = completed_summary(config, target, runs[i] if runs else None)
+                        results[i] = completed_summary(config, target, runs[i] if runs else None, notify)
                 skipped = sum(r is not None for r in results)
                 if skipped:
                     notify(f"skipped {skipped} of {len(configs)} runs already complete in {out} (same config)")

@@ -4,7 +4,7 @@ and the trade-off of each length-aware run against FCFS in words."""
 
 from __future__ import annotations
 
-from core.console import fitted_table, header_lines, output_width
+from core.console import fitted_table, header_lines, output_width, stdout_console
 
 NO_PREDICTOR = "none"   # simulator.runner.NO_PREDICTOR (not imported: that module loads the engine)
 #: Width when stdout is neither a terminal nor told by $COLUMNS (a file, a pipe).
@@ -86,7 +86,6 @@ def print_table(summaries: list[dict], wide: bool = False) -> None:
     """The header, the table fitted to the terminal (``wide``: every figure, nothing dropped), the
     legend, and the trade-off of each length-aware run against FCFS in words."""
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
     def key(s):
@@ -118,7 +117,7 @@ def print_table(summaries: list[dict], wide: bool = False) -> None:
 
     width = output_width(PIPED_WIDTH)
     table, console_width, dropped = fitted_table(build, [name for _, name in columns], DROP_ORDER, width, wide)
-    console = Console(width=console_width, highlight=False)
+    console = stdout_console(console_width)
     for line in header_lines(header(summaries[0]), width):
         console.print(line, style="italic", soft_wrap=True)
     console.print(table)

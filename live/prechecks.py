@@ -45,13 +45,17 @@ def check_prompt_text(source: str, meta: dict, columns: list[str], texts: list) 
     what = "has no prompt text" if "prompt_text" not in columns else "lacks the prompt text of some requests"
     if not sources:
         raise CaptureError(f"{source}: the trace {what} and names no prompt source to re-read it from")
-    from capture.prompts import FILE_KINDS
+    from capture.prompts import FILE_KINDS, SOURCES
 
     for spec in sources:
-        kind, colon, path = str(spec).partition("@")[0].partition(":")
+        name = str(spec).partition("@")[0]
+        kind, colon, path = name.partition(":")
         if colon and kind in FILE_KINDS and not Path(path).is_file():
             raise CaptureError(f"{source}: the trace {what}, and its prompt source {spec} is not a file "
                                "here; serve a trace recorded with prompt text, or place that file")
+        if not (colon and kind in FILE_KINDS) and name not in SOURCES:   # e.g. a dataset described in words
+            raise CaptureError(f"{source}: the trace {what}, and its prompt source {str(spec)[:80]!r} is not "
+                               "one leap-serve can re-read; serve a trace recorded with prompt text")
 
 
 def check_readout(live, model_dir: Path, kv_space_gib: float, dtype: str) -> None:

@@ -13,7 +13,7 @@ Other predictors score the whole trace in one call.
 (each with its own cross-validated lambda) and reports MAE by bucket (the paper's Table 6).
 ``--ablation layer`` fits one read-out per feature column (tapped layer) present in both the training
 and the evaluation trace, plus one on their concatenation (the paper's Table 7); with only one
-feature column it is skipped with a message.
+feature column, or no evaluation trace with one of them, it is refused (one line, exit 2).
 
 Bad input (unknown predictor, missing trace, trace without the needed column) prints one line on
 stderr and exits with status 2.
@@ -31,8 +31,8 @@ import numpy as np
 import pyarrow as pa
 
 from core.checks import MAX_NUMPY_SEED, bounded_int, split_list
-from core.console import fitted_table, output_width
-from core.errors import OneLineParser, run_command
+from core.console import fitted_table, output_width, stdout_console
+from core.errors import OneLineParser, UsageError, run_command
 from core.metrics import bucket_counts, rank_metrics
 from core.trace import Trace, TraceError, bundled_trace_names, load_trace, traces_dir
 from predictors import PREDICTORS, make_predictor
@@ -148,6 +148,19 @@ def ablation_target(train: Trace, traces: list[Trace]) -> list[dict]:
     return rows
 
 
+def check_layer_ablation(train: Trace, traces: list[Trace]) -> None:
+    """``--ablation layer`` compares tapped layers: a training trace with fewer than two feature
+    columns, or no evaluation trace with one of them, has nothing to compare (exit 2, one line)."""
+    columns = feature_columns(train)
+    if len(columns) < 2:
+        raise UsageError(f"--ablation layer: training trace {train.name!r} has {len(columns)} feature column(s) "
+                         f"({', '.join(columns) or 'none'}); it needs several tapped layers (capture-traces "
+                         "--layer K --mean-layer K ...)")
+    if not any(t.has_feature(c) for t in traces for c in columns):
+        raise UsageError(f"--ablation layer: no evaluation trace ({', '.join(t.name for t in traces)}) has a "
+                         f"feature column of training trace {train.name!r} ({', '.join(columns)})")
+
+
 def ablation_layer(train: Trace, traces: list[Trace]) -> list[dict] | None:
     """None when the training trace has fewer than two feature columns."""
     from core.readout import fit_readout
@@ -211,7 +224,6 @@ PIPED_WIDTH = 100
 
 
 def _print_table(rows: list[dict], keys: list[tuple[str, str]], title: str, wide: bool = False) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     labels = dict(keys)
@@ -227,7 +239,7 @@ def _print_table(rows: list[dict], keys: list[tuple[str, str]], title: str, wide
 
     width = output_width(PIPED_WIDTH)
     table, console_width, dropped = fitted_table(build, [k for k, _ in keys], DROP_ORDER, width, wide)
-    console = Console(width=console_width, highlight=False)
+    console = stdout_console(console_width)
     # the title names trace paths of any length: wrapped at the terminal (--wide: never wrapped)
     console.print(title, style="italic", soft_wrap=wide, width=None if wide else width)
     console.print(table)
@@ -299,17 +311,9 @@ def run(args: argparse.Namespace) -> int:
                     ("lambda", "lambda")]
             _emit(rows, args.json, keys, f"target ablation (trained on {train.name})", args.wide)
             return 0
+        check_layer_ablation(train, traces)   # refused before any read-out is fitted
         layer_rows = ablation_layer(train, traces)
-        if layer_rows is None:
-            print(f"evaluate-predictors: layer ablation skipped: training trace {train.name!r} has only "
-                  f"{len(feature_columns(train))} feature column(s) "
-                  f"({', '.join(feature_columns(train)) or 'none'}); it needs several tapped layers",
-                  file=sys.stderr)
-            return 0
-        if not layer_rows:
-            print("evaluate-predictors: layer ablation skipped: no evaluation trace has the training "
-                  "trace's feature columns", file=sys.stderr)
-            return 0
+        assert layer_rows, "check_layer_ablation passed: some variant has a usable trace"
         keys = [("columns", "columns"), ("layers", "layers"), ("d", "d"), ("feature_bytes", "bytes/req"),
                 ("trace", "trace"), ("domain", "domain"), ("n", "n"), ("spearman", "Spearman"),
                 ("mae", "MAE"), ("mae_le256", "MAE <=256"), ("mae_257_1024", "MAE 257-1024"),

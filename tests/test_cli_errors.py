@@ -41,9 +41,22 @@ def test_bad_input_is_one_line_and_exit_2(command, kind, monkeypatch, capsys, tm
 def test_subcommand_parsers_name_their_subcommand(capsys):
     from capture.cli import main
 
-    assert main(["merge", "--no-such-flag"]) == 2
+    assert main(["merge"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err == ["capture-traces: error: merge: the following arguments are required: OUT.parquet, SHARD.parquet"]
+
+
+@pytest.mark.parametrize("argv, flag", [(["merge", "--no-such-flag"], "merge: unrecognized arguments: --no-such-flag"),
+                                        (["report", "--bogus=1"], "report: unrecognized arguments: --bogus"),
+                                        (["--bogus"], "error: unrecognized arguments: --bogus")])
+def test_an_unknown_flag_is_named_before_missing_arguments(capsys, argv, flag):
+    """argparse names missing required arguments first (`report --bogus` said a trace was missing):
+    the unknown flag is what the user typed wrong, so it is named instead."""
+    from capture.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("capture-traces: error: ") and err[0].endswith(flag), err
 
 
 def _raise(exc):

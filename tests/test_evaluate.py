@@ -124,8 +124,8 @@ def test_target_ablation(capsys, traces):
 def test_layer_ablation(capsys, tmp_path, traces):
     rc, out, err = run(capsys, "--train-trace", traces["train"], "--trace", traces["near"],
                        "--ablation", "layer")
-    assert rc == 0 and out == ""
-    assert "layer ablation skipped" in err and "feat_last" in err
+    assert rc == 2 and out == ""   # nothing to compare is bad input, not a success
+    assert err.count("\n") == 1 and "--ablation layer: training trace" in err and "feat_last" in err
     cols = ("feat_last", "feat_mean")
     train = write_trace(tmp_path / "train2.parquet", "train2", 300, seed=1, columns=cols)
     test = write_trace(tmp_path / "test2.parquet", "test2", 80, seed=2, columns=cols)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_stepclock_live import CPU, HAVE_MODEL, HAVE_VLLM, MODEL, ROOT, _env  # noqa: E402
+from test_stepclock_live import CPU, HAVE_MODEL, HAVE_VLLM, MODEL, ROOT, _env, needs_tokenizer  # noqa: E402
 
 from policies import make_policy  # noqa: E402
 from policies.base import SchedulerView  # noqa: E402
@@ -71,7 +71,8 @@ def test_simulator_spares_a_forced_decode():
 
 @pytest.mark.skipif(not HAVE_MODEL, reason=f"needs the model directory at {MODEL}")
 @pytest.mark.parametrize("flags, named", [
-    (["--kv-blocks", "3"], "--kv-blocks 3: request 0"),          # a request alone needs more
+    pytest.param(["--kv-blocks", "3"], "--kv-blocks 3: request 0",   # a request alone needs more
+                 marks=needs_tokenizer),
     (["--kv-blocks", "0"], "--kv-blocks 0"),
     (["--kv-blocks", "40", "--kv-block-size", "48"], "--kv-block-size 48"),
     (["--kv-block-size", "32"], "--kv-block-size"),

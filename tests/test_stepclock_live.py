@@ -26,6 +26,9 @@ from capture.model import DEFAULT_MODEL_DIR  # noqa: E402
 MODEL = Path(os.environ.get("LEAP_MODEL_DIR", DEFAULT_MODEL_DIR))
 HAVE_VLLM = all(importlib.util.find_spec(m) for m in ("torch", "transformers", "vllm"))
 HAVE_MODEL = (MODEL / "config.json").exists()
+#: checks made after the prompts are tokenized need transformers too, not only the model folder
+needs_tokenizer = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                     reason="needs transformers (the check runs on the tokenized prompts)")
 SOURCE = ROOT / "traces" / "lmsys.parquet"
 CPU = str(min(os.sched_getaffinity(0)))  # pin to one core
 
@@ -128,7 +131,8 @@ def test_poisson_steps_are_the_simulators_poisson_floored():
 @pytest.mark.skipif(not HAVE_MODEL, reason=f"needs the model directory at {MODEL} (the flags are checked "
                                            "after the model argument is parsed)")
 @pytest.mark.parametrize("case", ["negative_step", "fractional_step", "word_step", "no_column", "rate",
-                                  "resume", "csv_with_load", "too_few_steps", "uni_only"])
+                                  "resume", "csv_with_load",
+                                  pytest.param("too_few_steps", marks=needs_tokenizer), "uni_only"])
 def test_bad_step_clock_input_exits_2_before_the_engine(tmp_path, case, monkeypatch, capsys):
     out = tmp_path / "o.parquet"
     base = ["--model", str(MODEL), "--from", str(SOURCE), "--requests", "4", "--out", str(out),
