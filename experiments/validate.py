@@ -147,7 +147,8 @@ def _validate(argv: list[str]) -> int:
     p.add_argument("--reference", metavar="RUN", help="serving runs: the FCFS run gains are measured against "
                    "(default: the first FCFS run of the same workload and load in the runs' folder, named on stderr)")
     p.add_argument("--source", action="append", default=[], metavar="PATH",
-                   help="serving runs: the source trace they were served from, by path (checked by content hash)")
+                   help="serving runs (wall-clock or step-clocked): the source trace they were served from, by "
+                        "path (checked by content hash)")
     p.add_argument("--speed-tolerance", type=float, default=EXCLUDE_SPEED_OFF, metavar="FRACTION",
                    help="serving runs with --profile-from CALIBRATION: a run whose host-speed check before or "
                         f"after it is more than this far from --speed-reference is excluded from the gain "
@@ -167,6 +168,15 @@ def _validate(argv: list[str]) -> int:
     stepped = [t for t in traces if is_serving(t) and trace_clock(t) == "steps"]   # decision-level check
     serving = [t for t in traces if is_serving(t) and trace_clock(t) == "seconds"]
     batch = [t for t in traces if not is_serving(t)]
+    if args.source and not (serving or stepped):
+        raise ValueError("--source applies to serving runs (wall-clock or step-clocked); none given")
+    # before the step-clocked runs look their source up: a source given by path is found by its hash
+    register_sources([load_trace(path) for path in args.source], serving + stepped)
+    reference = load_trace(args.reference) if args.reference else None
+    if reference is not None and not serving:
+        raise ValueError("--reference applies to wall-clock serving runs (gains against an FCFS run); none given")
+    if reference is not None:
+        check_reference(reference, serving)
     for t in stepped:   # refused before any replay runs (read-out, predictor, clock)
         step_replay_config(t)
     if (serving or stepped) and (args.matrix or args.requests is not None):
@@ -190,12 +200,6 @@ def _validate(argv: list[str]) -> int:
         rows.append(validate_one(t, src, args.requests))
         if args.json:
             print(json.dumps(rows[-1], sort_keys=True), flush=True)
-    reference = load_trace(args.reference) if args.reference else None
-    if (reference is not None or args.source) and not serving:
-        raise ValueError("--reference and --source apply to serving runs; none given")
-    if reference is not None:
-        check_reference(reference, serving)
-    register_sources([load_trace(path) for path in args.source], serving)
     serving_rows = validate_serving_runs(serving, profile, args.predictor_cost, reference=reference) if serving else []
     name_references(serving_rows, PROG)
     for row in serving_rows:   # a wall-clock run: no step-level equality to check
