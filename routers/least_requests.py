@@ -1,5 +1,7 @@
-"""least-requests: the replica with the fewest outstanding (waiting + running) requests, as vLLM's
-data-parallel balancer and production-stack route; ties to the lowest index."""
+"""least-requests: the replica with the fewest outstanding (waiting + running) requests, read exactly,
+ties to the lowest index. vLLM 0.32's data-parallel balancer starts from the same count but also
+weighs waiting requests by KV use, reads 100 ms snapshots and rotates ties (docs/semantics.md
+"Where this differs from stock vLLM")."""
 
 from __future__ import annotations
 
