@@ -77,13 +77,15 @@ def serve_env(kv_cache_gib: float | None, *, launcher: str = "vllm", tensor_para
 
 def serve_argv(cfg: LiveSchedulerConfig, model: str, *, launcher: str = "vllm", kv_cache_gib: float | None = None,
                dtype: str | None = None, block_size: int | None = None,
-               shutdown_timeout_s: int | None = None, tensor_parallel_size: int = 1) -> list[str]:
+               shutdown_timeout_s: int | None = None, tensor_parallel_size: int = 1,
+               enforce_eager: bool = False) -> list[str]:
     """argv of a served vLLM scheduling with ``cfg`` (``launcher``: "vllm" -> ``vllm serve``, "module"
     -> ``python -m vllm.entrypoints.openai.api_server``); ``kv_cache_gib``, ``dtype`` and
     ``block_size``, when given, are what the KV capacity was checked with; ``shutdown_timeout_s``
     (vLLM's ``--shutdown-timeout``): on SIGTERM, finish in-flight requests for up to this long
     (vLLM's default 0 aborts them and leaves their clients unanswered: docs/serving.md);
-    ``tensor_parallel_size`` > 1: vLLM's ``mp`` executor instead of the plugin's (leap_sched.vllm.tp)."""
+    ``tensor_parallel_size`` > 1: vLLM's ``mp`` executor instead of the plugin's (leap_sched.vllm.tp);
+    ``enforce_eager``: ``--enforce-eager`` (no compilation: a start of seconds, slower steps)."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher {launcher!r}: one of {', '.join(LAUNCHERS)}")
     model = model_arg(model)
@@ -103,15 +105,19 @@ def serve_argv(cfg: LiveSchedulerConfig, model: str, *, launcher: str = "vllm", 
         argv += ["--kv-cache-memory-bytes", str(int(kv_cache_gib * 2**30))]
     if shutdown_timeout_s is not None:
         argv += ["--shutdown-timeout", str(shutdown_timeout_s)]
+    if enforce_eager:
+        argv += ["--enforce-eager"]
     argv += ["--additional-config", json.dumps({CONFIG_KEY: leap_settings(cfg)}, separators=(",", ":"))]
     return argv
 
 
 def serve_command(cfg: LiveSchedulerConfig, model: str, *, launcher: str = "vllm", kv_cache_gib: float | None = None,
                   dtype: str | None = None, block_size: int | None = None,
-                  shutdown_timeout_s: int | None = None, tensor_parallel_size: int = 1) -> str:
+                  shutdown_timeout_s: int | None = None, tensor_parallel_size: int = 1,
+                  enforce_eager: bool = False) -> str:
     """The shell command: the environment prefix (``NAME=value``), then the argv, quoted for a POSIX shell."""
     env = serve_env(kv_cache_gib, launcher=launcher, tensor_parallel_size=tensor_parallel_size)
     argv = serve_argv(cfg, model, launcher=launcher, kv_cache_gib=kv_cache_gib, dtype=dtype, block_size=block_size,
-                      shutdown_timeout_s=shutdown_timeout_s, tensor_parallel_size=tensor_parallel_size)
+                      shutdown_timeout_s=shutdown_timeout_s, tensor_parallel_size=tensor_parallel_size,
+                      enforce_eager=enforce_eager)
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(argv)])
