@@ -22,8 +22,15 @@ from typing import Any
 
 #: The plugin's settings endpoint (served by ``leap_sched.vllm.endpoint``; the client reads it here).
 SETTINGS_PATH = "/leap_sched/settings"
-#: Seconds to wait for the server to answer a pre-flight request (health, settings, tokenize).
+#: Seconds to wait for the server to answer a pre-flight request (health, settings, tokenize) on an
+#: idle machine; stretched by the load (``core.patience``): a busy host answers slower, not wrongly.
 PROBE_TIMEOUT_S = 10.0
+
+
+def probe_timeout_s() -> float:
+    from core.patience import scaled
+
+    return scaled(PROBE_TIMEOUT_S)
 #: A streamed request may wait this long between chunks (a long queue on a slow host).
 READ_TIMEOUT_S = 1800.0
 
@@ -64,7 +71,7 @@ def chat_body(model: str, text: str, sampling: dict, max_tokens: int, forced: bo
 
 
 async def get_json(client, url: str) -> tuple[int, object]:
-    r = await client.get(url, timeout=PROBE_TIMEOUT_S)
+    r = await client.get(url, timeout=probe_timeout_s())
     try:
         return r.status_code, r.json()
     except ValueError:
@@ -73,7 +80,7 @@ async def get_json(client, url: str) -> tuple[int, object]:
 
 async def tokenize_chat(client, base: str, model: str, text: str) -> list[int]:
     """The prompt token ids the server makes of one user message (its chat template, generation prompt)."""
-    r = await client.post(f"{base}/tokenize", timeout=PROBE_TIMEOUT_S, json={
+    r = await client.post(f"{base}/tokenize", timeout=probe_timeout_s(), json={
         "model": model, "messages": [{"role": "user", "content": text}], "add_generation_prompt": True})
     if r.status_code != 200:
         raise ServerError(f"POST {base}/tokenize answered {r.status_code}: {r.text[:200]}")
@@ -130,7 +137,7 @@ async def serve_schedule(base: str, schedule, on_finished, flush_n: int) -> dict
             await flush()
 
     limits = httpx.Limits(max_connections=len(schedule) + 4, max_keepalive_connections=len(schedule) + 4)
-    timeout = httpx.Timeout(PROBE_TIMEOUT_S, read=READ_TIMEOUT_S)
+    timeout = httpx.Timeout(probe_timeout_s(), read=READ_TIMEOUT_S)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         t0 = time.perf_counter()
         tasks = []

@@ -30,6 +30,28 @@ def _run_order(item) -> int:
     return 3 if item.path.name.startswith("test_compiled") else 2
 
 
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test's time limit (pytest-timeout: the ini's, or its own ``timeout`` marker) is a bound on a
+    hang measured on a quiet machine: stretched by the load when the test starts (``core.patience``),
+    so that a test that passes alone does not fail at a load average of 20 on 2 cores. Runs before
+    pytest-timeout reads the limit (an outer hook wrapper)."""
+    from core.patience import load_factor
+
+    factor = load_factor()
+    marker = item.get_closest_marker("timeout")
+    if marker is not None:
+        base = marker.args[0] if marker.args else marker.kwargs.get("timeout")
+    else:
+        try:
+            base = item.config.getini("timeout")
+        except ValueError:   # pytest-timeout is not installed: no limit to stretch
+            base = None
+    if factor > 1 and base:
+        item.add_marker(pytest.mark.timeout(float(base) * factor), append=False)
+    yield
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _one_kernel_cache(tmp_path_factory):
     """One numba cache of the compiled kernel for the session, inherited by the subprocesses the tests
@@ -61,8 +83,8 @@ def server_factory(tmp_path):
 
     servers = []
 
-    def start(cfg, name: str, extra: tuple[str, ...] = ()):
-        s = Server(cfg, tmp_path / f"{name}.log", extra)
+    def start(cfg, name: str, extra: tuple[str, ...] = (), env: dict[str, str] | None = None):
+        s = Server(cfg, tmp_path / f"{name}.log", extra, env)
         servers.append(s)
         return s
 

