@@ -93,11 +93,16 @@ class ReplicaAccounting:
         """The :class:`routers.base.FleetView` of a router that reads ``reads`` (only that is filled)."""
         from routers.base import FleetView
 
+        counts = reads == "outstanding"
         return FleetView(
             replicas=self.replicas,
-            outstanding=self.outstanding.copy() if reads == "outstanding" else None,
+            outstanding=self.outstanding.copy() if counts else None,
+            waiting=self.waiting if counts else None,
+            running=self.running.copy() if counts else None,
             work=self.predicted_work.copy() if reads == "predicted_work" else None,
-            true_work=self.true_work.astype(np.float64) if reads == "true_work" else None)
+            true_work=self.true_work.astype(np.float64) if reads == "true_work" else None,
+            kv_used=self.kv_used.copy() if reads == "kv" else None,
+            kv_free=self.kv_free.copy() if reads == "kv" else None)
 
     # --- the events that move the counters ---------------------------------------------------------
     def route(self, replica: int, work: WorkSum) -> None:

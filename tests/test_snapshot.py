@@ -40,6 +40,13 @@ def test_hand_example_with_generated_tokens():
     acc.finish(1, 1, got)
     assert acc.predicted_work.tolist() == [0.0, 0.0] and acc.true_work.tolist() == [0, 0]
     assert acc.kv_free.tolist() == [-1, -1]
+    view = acc.view("outstanding")
+    assert view.outstanding is not None and view.work is None and view.kv_used is None
+    acc.set_kv(0, 3)
+    kv = ReplicaAccounting(2, kv_blocks_per_replica=10)
+    kv.set_kv(1, 4)
+    view = kv.view("kv")
+    assert view.kv_used.tolist() == [0, 4] and view.kv_free.tolist() == [10, 6] and view.outstanding is None
 
 
 @settings(max_examples=60, deadline=None)
