@@ -17,20 +17,22 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
+from core.attributes import of_trace
 from core.trace import Trace
-from policies.base import Policy, SchedulerView
+from policies.base import Policy
 from predictors.base import Known, Predictor
+from routers import check_router
 from routers.base import Router
 from routers.snapshot import FleetBalance, ReplicaAccounting
 from simulator.config import EngineConfig
 from simulator.engine import RunResult, check_step_clock, checked_arrivals
 from simulator.fleet_rows import ReplicaRows
-from simulator.prediction import NoPrediction, PredictionDriver
+from simulator.prediction import NoPrediction
 from simulator.profiles.base import EngineProfile
 from simulator.replica_table import AccountedTable, replica_work
 from simulator.requests import RequestTable
-from simulator.scheduler import Batch, Scheduler
-from simulator.stepping import EngineParts
+from simulator.scheduler import Batch
+from simulator.stepping import EngineParts, build_parts
 
 
 @dataclass
@@ -68,8 +70,6 @@ class FleetSimulation:
                  profile: EngineProfile, config: EngineConfig, seed: int = 0, charge_cost: bool = True,
                  step_clock: bool = False):
         arrival_s = checked_arrivals(workload, arrival_s)
-        if replicas < 1:
-            raise ValueError(f"--replicas must be >= 1, got {replicas}")
         if step_clock:
             check_step_clock(arrival_s, profile, charge_cost)
         order = np.argsort(arrival_s, kind="stable")   # ties keep row (submission) order
@@ -81,11 +81,11 @@ class FleetSimulation:
         self.make_policy = make_policy
         self.prompt = self.workload.prompt_tokens.astype(np.int64)
         self.length = self.workload.output_tokens.astype(np.int64)
+        self.attributes = of_trace(self.workload)   # per row; each replica's table gets its rows' at routing
         self.predictors = self._bind_predictors(make_predictor)
         first = self.predictors[0] if self.predictors else None
-        if router.reads == "predicted_work" and (first is None or first.router_estimate() is None):
-            raise ValueError(f"--router {router.name} needs a predictor that can serve the router "
-                             f"(--predictor {first.name if first is not None else 'none'} cannot)")
+        name = first.name if first is not None else "none"
+        check_router(replicas, router.name, {name: first} if first is not None else {}, name)
         self._ran = False
 
     def _bind_predictors(self, make_predictor: Callable[[], Predictor | None]) -> list[Predictor]:
@@ -108,25 +108,15 @@ class FleetSimulation:
         return AccountedTable(self.workload, np.full(self.n, np.inf), self.accounting, index)
 
     def _replica(self, index: int, env: simpy.Environment) -> Replica:
-        n = self.n
-        table = self._table(index)
-        rows = np.full(n, -1, dtype=np.int64)
-        policy = self.make_policy()
-        if self.predictors:
-            predictor = ReplicaRows(self.predictors[index], rows)
-            cost = self.predictors[index].cost(self.profile.hardware)
-            driver: NoPrediction = PredictionDriver(predictor, cost, table, charge_cost=self.charge_cost,  # type: ignore[arg-type]
-                                                    publish_at_once=self.step_clock)
-        else:
-            driver = NoPrediction()
-        view = SchedulerView(now=0.0, arrival_s=table.arrival, predicted=table.predicted,
-                             generated=table.generated, output_kind=driver.output_kind, step=0,
-                             last_served=table.last_served, first_predicted=table.first_predicted)
-        policy.reset(n)
-        scheduler = Scheduler(policy, self.config, table, view, driver.scores_at_arrival and policy.uses_predictions)
-        driver.start(env)
-        parts = EngineParts(table, scheduler, driver, self.profile, self.config, self.step_clock)
-        return Replica(index, parts, rows, driver=driver)
+        """One replica: an engine's parts (:func:`simulator.stepping.build_parts`, as the single
+        engine's) over its own table, its predictor seen through its local rows."""
+        rows = np.full(self.n, -1, dtype=np.int64)
+        bound = self.predictors[index] if self.predictors else None
+        predictor = ReplicaRows(bound, rows) if bound is not None else None
+        cost = bound.cost(self.profile.hardware) if bound is not None else None
+        parts = build_parts(self._table(index), self.make_policy(), predictor, cost, self.profile, self.config, env,
+                            charge_cost=self.charge_cost, step_clock=self.step_clock)
+        return Replica(index, parts, rows, driver=parts.driver)
 
     def run(self) -> RunResult:
         if self._ran:
@@ -220,6 +210,8 @@ class FleetSimulation:
         if table.fill is not table.prompt:   # KV blocks: a preemption gave the table its own prefill sizes
             table.fill[k], table.fill_sq[k] = table.prompt[k], table.prompt_sq[k]
         table.length[k] = self.length[row]
+        for i in range(len(self.attributes)):   # the request's attributes travel with it
+            table.attributes[i][k] = self.attributes[i][row]
         table.route_estimate[k] = self.route_estimate[row] = estimate   # type: ignore[attr-defined]
         replica.routed += 1
         self.assigned[row] = index

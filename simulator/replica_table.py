@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.attributes import defaults
 from core.trace import Trace
 from routers.snapshot import ReplicaAccounting, WorkSum, work_sum
 from simulator.requests import RequestTable
@@ -41,6 +42,7 @@ class AccountedTable(RequestTable):
     def __init__(self, workload: Trace, arrival: np.ndarray, accounting: ReplicaAccounting, index: int,
                  events: bool = True):
         super().__init__(workload, arrival, None)
+        self.attributes = defaults(self.n)   # filled row by row as requests are routed here
         self.route_estimate = np.zeros(self.n, dtype=np.float64)   # per local row, made at routing
         self._fleet, self._index = accounting, index
         self._accounting = accounting if events else None
