@@ -11,6 +11,8 @@ import numpy as np
 class GenRequest:
     request_id: str
     prompt_token_ids: list[int]
+    #: vLLM request fields carrying the request's attributes (``core.attributes.live_fields``: priority)
+    fields: dict = field(default_factory=dict)
 
 
 @dataclass

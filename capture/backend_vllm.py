@@ -308,7 +308,7 @@ class VLLMBackend(Backend):
         live = set()
         for req in requests:
             self.engine.add_request(req.request_id, {"prompt_token_ids": req.prompt_token_ids},
-                                    params_for(req))
+                                    params_for(req), **req.fields)
             live.add(req.request_id)
         n = len(requests)
         finish_t: list[float] = []
@@ -342,7 +342,8 @@ class VLLMBackend(Backend):
         ``t0``, step marks) goes into ``live``, the engine's internal id into ``ids``. Returns the
         submission time."""
         t = time.perf_counter()
-        internal = self.engine.add_request(req.request_id, {"prompt_token_ids": req.prompt_token_ids}, params)
+        internal = self.engine.add_request(req.request_id, {"prompt_token_ids": req.prompt_token_ids}, params,
+                                           **req.fields)
         ids[internal if isinstance(internal, str) else req.request_id] = req.request_id
         live[req.request_id] = {"req": req, "t0": t, "times": [], "n": 0, "internal": internal,
                                 **dict.fromkeys(STEP_MARKS), "arrival_step": step}

@@ -73,6 +73,18 @@ def of_trace(trace) -> Attributes:
     return from_columns(columns, len(trace), f"trace {trace.name}")
 
 
+def live_fields(trace, rows: Sequence[int] | np.ndarray) -> list[dict]:
+    """Per row of ``rows``, the vLLM request fields that carry the trace's attributes to a live engine
+    (``{live_field: value}``; only attributes whose column the trace has, so a trace without them
+    sends what it always sent)."""
+    names = set(trace.table.column_names)
+    carried = [a for a in ATTRIBUTES if a.live_field and a.column in names]
+    if not carried:
+        return [{} for _ in rows]
+    attrs = of_trace(trace)
+    return [{a.live_field: getattr(attrs, a.name)[int(i)].item() for a in carried} for i in rows]
+
+
 def of_requests(requests: Sequence) -> Attributes:
     """The attributes of live requests (vLLM ``Request`` objects), each from its ``live_field`` where
     the request has one, else the default."""

@@ -36,7 +36,7 @@ from experiments.table import load_text, print_table
 from policies import POLICIES
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
-from routers import DEFAULT_ROUTER, MAX_REPLICAS, ROUTERS
+from routers import DEFAULT_ROUTER, MAX_REPLICAS, ROUTERS, serves
 from simulator.compiled import DEFAULT_KERNEL, KERNELS, NOTED_ENV, note_fallback, unsupported
 from simulator.config import KV_BLOCKS_FROM_PROFILE, MAX_TOKEN_BUDGET
 from simulator.engine import EngineConfig, Simulation
@@ -132,8 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="each decode takes one token of --prefill-budget first, vLLM V1 style (default off)")
     p.add_argument("--replicas", type=bounded_int(1, MAX_REPLICAS, "replicas one fleet simulates"), default=1,
                    help="engine replicas behind a router, one clock (default 1: the single engine)")
-    p.add_argument("--router", default=DEFAULT_ROUTER, help=f"how a fleet routes each arrival: {', '.join(ROUTERS)} "
-                   f"(default {DEFAULT_ROUTER}; least-work needs a predictor that can serve it)")
+    p.add_argument("--router", default=DEFAULT_ROUTER, help=f"how a fleet routes each arrival: comma list of "
+                   f"{', '.join(ROUTERS)}, or 'all' (default {DEFAULT_ROUTER}; least-work needs a predictor that "
+                   "can serve it: 'all' leaves it out for one that cannot)")
     p.add_argument("--noise-mae", type=_float, default=0.0, help="noisy-oracle mean absolute error (tokens)")
     p.add_argument("--train-trace", default="lmsys", help="training trace for learned predictors")
     p.add_argument("--refresh", choices=("default", "on", "off"), default="default",
@@ -238,6 +239,8 @@ def _configs(args) -> list[RunConfig]:
     for policy_name in policies:
         if policy_name is not None and policy_name not in POLICIES:
             raise UsageError(f"unknown policy {policy_name!r} (choose from {', '.join(POLICIES)})")
+    routers = _routers(args)
+    named = set(split_list("--router", args.router))   # named routers are refused, not left out, when unserved
     step_clock = args.arrivals == "steps"   # the step clock's defaults: unit-time steps, nothing charged
     engine = args.engine if args.engine is not None else ("unit" if step_clock else DEFAULT_PROFILE)
     predictor_cost = args.predictor_cost if args.predictor_cost is not None else ("none" if step_clock else "charged")
@@ -259,9 +262,10 @@ def _configs(args) -> list[RunConfig]:
         if not args.preset and ("decode_slots" in explicit or "max_resident" in explicit):
             given = EngineConfig(**explicit)   # the defaults count: --decode-slots 600 is above 512
             check_decode_slots(given.decode_slots, given.max_resident)
-        runs = len(loads) * len(predictors) * len(policies) * args.seeds
+        runs = len(loads) * len(predictors) * len(policies) * len(routers) * args.seeds
         if runs > MAX_RUNS:
-            raise UsageError(f"{runs:,} runs planned (--seeds x --load x --predictor x --policy); at most {MAX_RUNS:,}")
+            raise UsageError(f"{runs:,} runs planned (--seeds x --load x --predictor x --policy x --router); "
+                             f"at most {MAX_RUNS:,}")
         if args.preset:   # the preset is read from the trace; the combination is checked in prepare()
             engine_config, overrides = EngineConfig(), tuple(sorted(explicit.items()))
         else:
@@ -273,22 +277,37 @@ def _configs(args) -> list[RunConfig]:
         raise UsageError(str(exc)) from None
     configs, planned = [], set()
     seeds = range(args.seed, args.seed + args.seeds)
-    for seed, load, predictor, policy in itertools.product(seeds, loads, predictors, policies):
+    for seed, load, predictor, policy, router in itertools.product(seeds, loads, predictors, policies, routers):
+        if router not in named and not serves(router, PREDICTORS.get(predictor)):
+            continue   # 'all': the routers this predictor can serve
         if policy is None:   # default: FCFS without a predictor, countdown with one
             policy = "fcfs" if predictor == NO_PREDICTOR else "countdown"
         if predictor == NO_PREDICTOR and POLICIES[policy].uses_predictions:
             if len(predictors) == 1:
                 raise UsageError(f"policy {policy!r} needs a predictor; use --predictor or --policy fcfs")
             policy = "fcfs"   # beside predictors, `none` is the FCFS baseline the others compare to
-        if (seed, load, predictor, policy) in planned:
+        if (seed, load, predictor, policy, router) in planned:
             continue
-        planned.add((seed, load, predictor, policy))
+        planned.add((seed, load, predictor, policy, router))
         configs.append(RunConfig(trace=trace_name, predictor=predictor, policy=policy, engine=engine,
                                  load=load, arrivals=arrivals, requests=args.requests, seed=seed, tile=args.tile,
                                  engine_config=engine_config, preset=args.preset, engine_overrides=overrides,
                                  predictor_options=dataclasses.replace(options, seed=seed),
-                                 charge_cost=predictor_cost == "charged", replicas=args.replicas, router=args.router))
+                                 charge_cost=predictor_cost == "charged", replicas=args.replicas, router=router))
     return configs
+
+
+def _routers(args) -> list[str]:
+    """``--router``: a comma list of router names, or ``all``; one replica routes nothing, so it
+    plans one run (the names still checked)."""
+    names: list[str] = []
+    for name in split_list("--router", args.router):
+        names += list(ROUTERS) if name == "all" else [name]
+    for name in names:
+        if name not in ROUTERS:
+            raise UsageError(f"unknown --router {name!r} (choose from {', '.join(ROUTERS)}, all)")
+    names = list(dict.fromkeys(names))
+    return names if args.replicas > 1 else names[:1]
 
 
 def _check_lengths_only(trace_name: str, predictors: list[str]) -> None:

@@ -74,7 +74,8 @@ class Stopped(BaseException):
 
 def run_slug(config: RunConfig) -> str:
     at = f"{config.load:g}x" if config.load is not None else config.arrivals.describe().replace(":", "")
-    return f"{config.predictor}-{config.policy}-{at}-seed{config.seed}"
+    fleet = f"-{config.router}-x{config.replicas}" if config.replicas > 1 else ""
+    return f"{config.predictor}-{config.policy}{fleet}-{at}-seed{config.seed}"
 
 
 def planned_record(prepared: Prepared) -> dict:
@@ -425,11 +426,17 @@ def run_many(configs: list[RunConfig], *, out: Path | None = None, jobs: int = 1
 
 
 CONFIG_COLUMNS = ("trace", "predictor", "policy", "engine", "arrivals", "load", "seed", "charge_cost")
+#: a fleet's (runs of one engine have neither: their tables stay as they were)
+FLEET_COLUMNS = ("router", "replicas")
 
 
 def results_table(summaries: list[dict]) -> pa.Table:
-    """One row per run: config columns first, then every summary field (nulls where absent)."""
-    keys = list(CONFIG_COLUMNS) + sorted({k for s in summaries for k in s} - set(CONFIG_COLUMNS))
+    """One row per run: config columns first (a fleet's router and replicas after the policy), then
+    every summary field (nulls where absent)."""
+    config = list(CONFIG_COLUMNS)
+    if any("router" in s for s in summaries):
+        config[3:3] = FLEET_COLUMNS
+    keys = config + sorted({k for s in summaries for k in s} - set(config))
     return pa.Table.from_pylist([{k: s.get(k) for k in keys} for s in summaries])
 
 
@@ -447,8 +454,8 @@ def write_results(out: Path, summaries: list[dict]) -> None:
 
 def add_relative_changes(summaries: list[dict], metric: str = "mean_ptl_s", reference_predictor: str = "leap") -> None:
     """Annotate each summary with its change in ``metric`` against FCFS and against LEAP (same load, seed)."""
-    def key(s):
-        return (s["trace"], s["engine"], s["arrivals"], s["load"], s["seed"])
+    def key(s):   # the same fleet too: a router is compared with FCFS behind that router
+        return (s["trace"], s["engine"], s["arrivals"], s["load"], s["seed"], s.get("router"), s.get("replicas"))
 
     fcfs = {key(s): s.get(metric) for s in summaries if s["predictor"] == "none" and s["policy"] == "fcfs"}
     ref = {(key(s), s["policy"]): s.get(metric) for s in summaries if s["predictor"] == reference_predictor}

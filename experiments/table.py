@@ -77,6 +77,8 @@ def _cell(s: dict, name: str) -> str:
 def header(first: dict) -> list[str]:
     """What was replayed: trace, engine, arrivals (the process or the file), capacity, requests."""
     parts = [f"trace {first['trace']}", f"engine {first['engine']}", f"arrivals {first['arrivals']}"]
+    if first.get("replicas") is not None:
+        parts.append(f"{first['replicas']} replicas")
     if first.get("capacity_req_s") is not None:
         parts.append(f"capacity {first['capacity_req_s']:.3f} req/s")
     return [*parts, f"{first['arrived']} requests"]
@@ -88,8 +90,8 @@ def print_table(summaries: list[dict], wide: bool = False) -> None:
     from rich import box
     from rich.table import Table
 
-    def key(s):
-        return (s["trace"], s["engine"], s["arrivals"], s["load"], s["seed"])
+    def key(s):   # a fleet's runs compare with FCFS behind the same router
+        return (s["trace"], s["engine"], s["arrivals"], s["load"], s["seed"], s.get("router"), s.get("replicas"))
 
     fcfs = {key(s): s for s in summaries if s["predictor"] == NO_PREDICTOR and s["policy"] == "fcfs"}
     rows = []
@@ -104,13 +106,15 @@ def print_table(summaries: list[dict], wide: bool = False) -> None:
         columns = [c for c in columns if c[1] != "vs_leap_mean_ptl_s"]   # always "-" without a leap run
     if len({s["seed"] for s in summaries}) > 1:
         columns.insert(3, ("seed", "seed"))
+    if any("router" in s for s in summaries):   # a fleet: which router (the replicas are in the header)
+        columns.insert(2, ("router", "router"))
     headers = dict((name, head) for head, name in columns)
 
     def build(kept: list[str]) -> Table:
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
         for name in kept:
-            table.add_column(headers[name], justify="left" if name in ("predictor", "policy") else "right",
-                             no_wrap=name in ("predictor", "policy"))
+            text = name in ("predictor", "policy", "router")
+            table.add_column(headers[name], justify="left" if text else "right", no_wrap=text)
         for s in rows:
             table.add_row(*[_cell(s, name) for name in kept])
         return table
@@ -136,5 +140,6 @@ def print_table(summaries: list[dict], wide: bool = False) -> None:
             where = f"at {s['load']:g}x" if s["load"] is not None else f"with arrivals {s['arrivals']}"
             tpot = _change(s.get("p99_tpot_ms"), base.get("p99_tpot_ms"))
             tail = f", p99 TPOT {tpot:+.0%} ({_ms_text(s)} ms)" if tpot is not None else ""
-            console.print(f"{s['predictor']} + {s['policy']} {where} vs FCFS: mean NL {ptl:+.0%}, p95 e2e "
+            behind = f" behind {s['router']}" if s.get("router") else ""
+            console.print(f"{s['predictor']} + {s['policy']}{behind} {where} vs FCFS: mean NL {ptl:+.0%}, p95 e2e "
                           f"{p95:+.0%} ({seconds_text(s['p95_e2e_s'])} s){tail}", width=width)

@@ -57,8 +57,10 @@ class Sent:
     step_marks: dict | None = None      # engine steps: the client cannot see them
 
 
-def chat_body(model: str, text: str, sampling: dict, max_tokens: int, forced: bool, extra: dict | None) -> dict:
-    """The JSON body of one streamed chat completion with the run's sampling and (forced) length."""
+def chat_body(model: str, text: str, sampling: dict, max_tokens: int, forced: bool, extra: dict | None,
+              fields: dict | None = None) -> dict:
+    """The JSON body of one streamed chat completion with the run's sampling and (forced) length;
+    ``fields``: the request's attributes as vLLM request fields (``priority``)."""
     body = {"model": model, "messages": [{"role": "user", "content": text}], "stream": True,
             "stream_options": {"include_usage": True}, "return_token_ids": True,
             "temperature": sampling["temperature"], "top_p": sampling["top_p"],
@@ -67,6 +69,7 @@ def chat_body(model: str, text: str, sampling: dict, max_tokens: int, forced: bo
         body.update(min_tokens=max_tokens, ignore_eos=True)
     if extra:
         body["vllm_xargs"] = extra
+    body.update(fields or {})
     return body
 
 

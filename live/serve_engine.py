@@ -95,7 +95,7 @@ def run_engine(args, w, run, log) -> int:
         quiet = be.engine.collective_rpc("ct_probe", args=(20, True))[0]
         quiet_probe, quiet_mem_probe = quiet["probe_s"], quiet["probe_mem_s"]
         by_id = {r.request_id: r for r in reqs}
-        gen_reqs = [GenRequest(r.request_id, list(r.prompt_token_ids)) for r in reqs]
+        gen_reqs = [GenRequest(r.request_id, list(r.prompt_token_ids), r.fields) for r in reqs]
         if measure:
             log(f"measuring the live capacity: {n} requests queued at t=0, {args.max_resident} resident")
             res = be.saturated_capacity(gen_reqs, lambda g: params_for(by_id[g.request_id]),
@@ -192,7 +192,7 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
             stats["generated_tokens"] += sum(f.output_tokens for f in fins)
             write_json(store.dir / f"run-{store.run:03d}.json", stats)
 
-        schedule = [(p - shift, GenRequest(r.request_id, list(r.prompt_token_ids)), params_for(r))
+        schedule = [(p - shift, GenRequest(r.request_id, list(r.prompt_token_ids), r.fields), params_for(r))
                     for p, r in todo]
         if schedule:
             res = (be.serve_steps if steps_clock else be.serve)(schedule, on_finished, on_steps,

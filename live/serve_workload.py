@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from capture import CaptureError
+from core.attributes import live_fields
 from live import kv_cache, prechecks
 
 
@@ -26,6 +27,7 @@ class ServeRequest:
     length: int            # forced length, or the max_tokens cap when not forced
     reference_output_tokens: int | None
     prompt_text: str = ""  # raw user prompt (no template): the live text-encoder baseline's input
+    fields: dict = field(default_factory=dict)   # vLLM request fields carrying its attributes (priority)
 
 
 def _source_prompts(meta: dict, table, ids, tok, log) -> tuple[dict[str, list[int]], dict[str, str]]:
@@ -162,7 +164,8 @@ def build_workload(args, live, log) -> Workload:
     ref_col = (table.column("reference_output_tokens").to_pylist()
                if "reference_output_tokens" in table.column_names else [None] * n_all)
     reqs = []
-    for i, rid in zip(rows, ids):
+    carried = live_fields(src, rows)   # the trace's request attributes (priority), as vLLM request fields
+    for i, rid, fields in zip(rows, ids, carried):
         length = int(out_col[i]) if args.force_lengths else int(cap_col[i])
         if args.max_length is not None:
             length = min(length, args.max_length)
@@ -171,7 +174,7 @@ def build_workload(args, live, log) -> Workload:
             raise CaptureError(f"request {rid}: prompt {len(prompt_ids[rid])} + length {length} tokens "
                                f"exceeds max_model_len {max_model_len} (cap it with --max-length)")
         reqs.append(ServeRequest(rid, dom_col[i], pid_col[i], tuple(prompt_ids[rid]), int(out_col[i]),
-                                 length, ref_col[i], prompt_texts[rid]))
+                                 length, ref_col[i], prompt_texts[rid], fields))
     est_blocks = kv_blocks_estimate(cfg, dtype, args.kv_space_gib)
     kv_need = None
     if args.kv_blocks is not None:   # memory is meant to bind: only a request that can never fit is refused

@@ -128,8 +128,8 @@ def _serve_segment(args, w, store, served_model: str, log) -> dict:
             await asyncio.to_thread(write_json, store.dir / f"run-{store.run:03d}.json", stats)
 
     extra = (lambda r: {PROMPT_TEXT_KEY: r.prompt_text}) if args.predictor == "ssjf" else (lambda r: None)
-    schedule = [(p - shift, r, chat_body(served_model, r.prompt_text, w.sampling, r.length, args.force_lengths, extra(r)))
-                for p, r in todo]
+    schedule = [(p - shift, r, chat_body(served_model, r.prompt_text, w.sampling, r.length, args.force_lengths, extra(r),
+                                         r.fields)) for p, r in todo]
     if schedule:
         try:
             res = asyncio.run(serve_schedule(base_url(args.server), schedule, on_finished, args.flush_every))

@@ -27,6 +27,12 @@ DEFAULT_ROUTER = "round-robin"
 MAX_REPLICAS = 4096
 
 
+def serves(router: str, predictor: Any) -> bool:
+    """Whether ``predictor`` (a predictor class or instance; None: no predictor) gives ``router``
+    what it reads: a router reading predicted work needs a routing estimate (``router_estimate()``)."""
+    return ROUTERS[router].reads != "predicted_work" or (predictor is not None and predictor.router_estimate() is not None)
+
+
 def check_router(replicas: int, router: str, predictors: Mapping[str, Any], predictor: str) -> None:
     """A fleet's replicas and router, before anything is loaded (the simulator's and the live fleet's
     one check): replicas in range, a known router, and for a router reading predicted work a
@@ -35,12 +41,10 @@ def check_router(replicas: int, router: str, predictors: Mapping[str, Any], pred
         raise ValueError(f"--replicas must be an integer from 1 to {MAX_REPLICAS}, got {replicas!r}")
     if router not in ROUTERS:
         raise ValueError(f"unknown --router {router!r} (choose from {', '.join(ROUTERS)})")
-    if ROUTERS[router].reads == "predicted_work":
-        cls = predictors.get(predictor)
-        if cls is None or cls.router_estimate() is None:
-            able = ", ".join(n for n, c in predictors.items() if c.router_estimate() is not None)
-            raise ValueError(f"--router {router} reads predicted work: --predictor {predictor} cannot serve it "
-                             f"(choose from {able})")
+    if not serves(router, predictors.get(predictor)):
+        able = ", ".join(n for n, c in predictors.items() if serves(router, c))
+        raise ValueError(f"--router {router} reads predicted work: --predictor {predictor} cannot serve it "
+                         f"(choose from {able})")
 
 
 def make_router(name: str) -> Router:
@@ -50,4 +54,4 @@ def make_router(name: str) -> Router:
         raise ValueError(f"unknown --router {name!r} (choose from {', '.join(ROUTERS)})") from None
 
 
-__all__ = ["DEFAULT_ROUTER", "MAX_REPLICAS", "ROUTERS", "FleetView", "Router", "check_router", "make_router"]
+__all__ = ["DEFAULT_ROUTER", "MAX_REPLICAS", "ROUTERS", "FleetView", "Router", "check_router", "make_router", "serves"]

@@ -24,14 +24,14 @@ import numpy as np
 import simpy
 
 from core.trace import Trace
-from policies.base import Policy, SchedulerView
+from policies.base import Policy
 from predictors.base import Predictor, PredictorCost
 from simulator.config import EngineConfig
-from simulator.prediction import NoPrediction, PredictionDriver
+from simulator.prediction import NoPrediction
 from simulator.profiles.base import EngineProfile
 from simulator.requests import NOT_YET, RequestTable
-from simulator.scheduler import Scheduler, SimulationStalled
-from simulator.stepping import EngineParts
+from simulator.scheduler import SimulationStalled
+from simulator.stepping import EngineParts, build_parts
 
 #: the paper's vLLM setup (512 resident, 64 decode slots); frozen, so one instance serves every default
 DEFAULT_ENGINE_CONFIG = EngineConfig()
@@ -228,30 +228,17 @@ class Simulation:
         self._ran = True
         wl, n = self.workload, len(self.workload)
         table = RequestTable(wl, self.arrival, self.closed_loop)
-        if self.predictor is None:
-            driver = NoPrediction()
-        else:
-            cost = self.predictor_cost
-            assert cost is not None   # a predictor always has a cost (FREE at least)
-            driver = PredictionDriver(self.predictor, cost, table, charge_cost=self.charge_cost,
-                                      publish_at_once=self.step_clock)
-        view = SchedulerView(now=0.0, arrival_s=table.arrival, predicted=table.predicted,
-                             generated=table.generated, output_kind=driver.output_kind, step=0,
-                             last_served=table.last_served, first_predicted=table.first_predicted,
-                             attributes=table.attributes)
-        self.policy.reset(n)
-        ordered_admission = driver.scores_at_arrival and self.policy.uses_predictions
-        scheduler = Scheduler(self.policy, self.config, table, view, ordered_admission)
         log = StepLog() if self.record_steps else None
-
         env = simpy.Environment()
-        driver.start(env)
+        parts = build_parts(table, self.policy, self.predictor, self.predictor_cost, self.profile, self.config, env,
+                            charge_cost=self.charge_cost, step_clock=self.step_clock, log=log)
+        driver, scheduler = parts.driver, parts.scheduler
         state = {"steps": 0}
         compiled = steps(self, table, driver) if steps is not None else None
         if compiled is not None:
             env.process(compiled.step_process(env, self.progress))
         else:
-            env.process(self._step_loop(env, table, scheduler, driver, log, state))
+            env.process(self._step_loop(env, parts, state))
         started = time.process_time()
         env.run()
         sim_cpu_s = time.process_time() - started
@@ -274,11 +261,10 @@ class Simulation:
             contended_steps=scheduler.contended if compiled is None else compiled.contended,
             preemptions=table.preemptions if self.config.kv_bounded else None)
 
-    def _step_loop(self, env: simpy.Environment, table: RequestTable, scheduler: Scheduler,
-                   driver: NoPrediction, log: StepLog | None, state: dict):
+    def _step_loop(self, env: simpy.Environment, parts: EngineParts, state: dict):
         """Orchestrates the parts; every decision and every piece of state lives in them."""
+        table, scheduler = parts.table, parts.scheduler
         n, progress = table.n, self.progress
-        parts = EngineParts(table, scheduler, driver, self.profile, self.config, self.step_clock, log)
         step = 0
         while table.finished < n:
             now = env.now

@@ -17,18 +17,22 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
+from core.attributes import of_trace
 from core.trace import Trace
-from policies.base import Policy, SchedulerView
+from policies.base import Policy
 from predictors.base import Known, Predictor
-from routers.base import FleetView, Router
+from routers import check_router
+from routers.base import Router
+from routers.snapshot import FleetBalance, ReplicaAccounting
 from simulator.config import EngineConfig
 from simulator.engine import RunResult, check_step_clock, checked_arrivals
 from simulator.fleet_rows import ReplicaRows
-from simulator.prediction import NoPrediction, PredictionDriver
+from simulator.prediction import NoPrediction
 from simulator.profiles.base import EngineProfile
+from simulator.replica_table import AccountedTable, replica_work
 from simulator.requests import RequestTable
-from simulator.scheduler import Batch, Scheduler
-from simulator.stepping import EngineParts
+from simulator.scheduler import Batch
+from simulator.stepping import EngineParts, build_parts
 
 
 @dataclass
@@ -54,24 +58,6 @@ class Replica:
         return rows[np.isnan(t.finish_s[rows])]
 
 
-@dataclass
-class FleetBalance:
-    """Outstanding true work per replica, sampled at every routing: max / mean, averaged."""
-
-    ratio_sum: float = 0.0
-    samples: int = 0
-
-    def add(self, work: np.ndarray) -> None:
-        mean = float(work.mean())
-        if mean > 0:
-            self.ratio_sum += float(work.max()) / mean
-            self.samples += 1
-
-    @property
-    def max_over_mean(self) -> float | None:
-        return self.ratio_sum / self.samples if self.samples else None
-
-
 class FleetSimulation:
     """One fleet run: a workload with arrival times, N replicas of one engine, one router.
 
@@ -84,8 +70,6 @@ class FleetSimulation:
                  profile: EngineProfile, config: EngineConfig, seed: int = 0, charge_cost: bool = True,
                  step_clock: bool = False):
         arrival_s = checked_arrivals(workload, arrival_s)
-        if replicas < 1:
-            raise ValueError(f"--replicas must be >= 1, got {replicas}")
         if step_clock:
             check_step_clock(arrival_s, profile, charge_cost)
         order = np.argsort(arrival_s, kind="stable")   # ties keep row (submission) order
@@ -97,11 +81,11 @@ class FleetSimulation:
         self.make_policy = make_policy
         self.prompt = self.workload.prompt_tokens.astype(np.int64)
         self.length = self.workload.output_tokens.astype(np.int64)
+        self.attributes = of_trace(self.workload)   # per row; each replica's table gets its rows' at routing
         self.predictors = self._bind_predictors(make_predictor)
         first = self.predictors[0] if self.predictors else None
-        if router.reads == "predicted_work" and (first is None or first.router_estimate() is None):
-            raise ValueError(f"--router {router.name} needs a predictor that can serve the router "
-                             f"(--predictor {first.name if first is not None else 'none'} cannot)")
+        name = first.name if first is not None else "none"
+        check_router(replicas, router.name, {name: first} if first is not None else {}, name)
         self._ran = False
 
     def _bind_predictors(self, make_predictor: Callable[[], Predictor | None]) -> list[Predictor]:
@@ -119,26 +103,20 @@ class FleetSimulation:
             predictor.bind(shown, np.random.default_rng(rng_seed))
         return bound * self.replicas if len(bound) == 1 else bound
 
+    def _table(self, index: int) -> RequestTable:
+        """A replica's request table, reporting to the fleet's accounting as its engine runs."""
+        return AccountedTable(self.workload, np.full(self.n, np.inf), self.accounting, index)
+
     def _replica(self, index: int, env: simpy.Environment) -> Replica:
-        n = self.n
-        table = RequestTable(self.workload, np.full(n, np.inf), None)
-        rows = np.full(n, -1, dtype=np.int64)
-        policy = self.make_policy()
-        if self.predictors:
-            predictor = ReplicaRows(self.predictors[index], rows)
-            cost = self.predictors[index].cost(self.profile.hardware)
-            driver: NoPrediction = PredictionDriver(predictor, cost, table, charge_cost=self.charge_cost,  # type: ignore[arg-type]
-                                                    publish_at_once=self.step_clock)
-        else:
-            driver = NoPrediction()
-        view = SchedulerView(now=0.0, arrival_s=table.arrival, predicted=table.predicted,
-                             generated=table.generated, output_kind=driver.output_kind, step=0,
-                             last_served=table.last_served, first_predicted=table.first_predicted)
-        policy.reset(n)
-        scheduler = Scheduler(policy, self.config, table, view, driver.scores_at_arrival and policy.uses_predictions)
-        driver.start(env)
-        parts = EngineParts(table, scheduler, driver, self.profile, self.config, self.step_clock)
-        return Replica(index, parts, rows, driver=driver)
+        """One replica: an engine's parts (:func:`simulator.stepping.build_parts`, as the single
+        engine's) over its own table, its predictor seen through its local rows."""
+        rows = np.full(self.n, -1, dtype=np.int64)
+        bound = self.predictors[index] if self.predictors else None
+        predictor = ReplicaRows(bound, rows) if bound is not None else None
+        cost = bound.cost(self.profile.hardware) if bound is not None else None
+        parts = build_parts(self._table(index), self.make_policy(), predictor, cost, self.profile, self.config, env,
+                            charge_cost=self.charge_cost, step_clock=self.step_clock)
+        return Replica(index, parts, rows, driver=parts.driver)
 
     def run(self) -> RunResult:
         if self._ran:
@@ -146,12 +124,8 @@ class FleetSimulation:
         self._ran = True
         env = simpy.Environment()
         self.env = env
+        self._start()
         self.fleet = [self._replica(i, env) for i in range(self.replicas)]
-        self.next_row = 0
-        self.assigned = np.full(self.n, -1, dtype=np.int64)
-        self.route_estimate = np.zeros(self.n, dtype=np.float64)
-        self.balance = FleetBalance()
-        self.router.reset(self.replicas, self.seed)
         for replica in self.fleet:
             env.process(self._replica_loop(env, replica))
         if self.replicas > 1:   # with one replica the choice cannot depend on the instant it is made
@@ -164,6 +138,16 @@ class FleetSimulation:
             raise RuntimeError(f"fleet simulation ended with {self.n - done} unfinished requests")
         return self._result(sim_cpu_s)
 
+    def _start(self) -> None:
+        """The run's routing state: the accounting the router reads, the assignment, the balance."""
+        kv_total = self.config.kv_blocks_total if self.config.kv_bounded else None
+        self.accounting = ReplicaAccounting(self.replicas, kv_total)
+        self.next_row = 0
+        self.assigned = np.full(self.n, -1, dtype=np.int64)
+        self.route_estimate = np.zeros(self.n, dtype=np.float64)   # per row: the routing estimate (least-work)
+        self.balance = FleetBalance()
+        self.router.reset(self.replicas, self.seed)
+
     # --- the clock -------------------------------------------------------------------------------
     def _sync(self, now: float) -> None:
         """Land every step ending at ``now`` (replica order), then route every arrival up to ``now``."""
@@ -173,6 +157,7 @@ class FleetSimulation:
                 replica.pending = None
                 replica.parts.end(batch, step, start, duration, end)
                 replica.step += 1
+                self._kv_changed(replica)
         while self.next_row < self.n and self.arrival[self.next_row] <= now:
             self._route(self.next_row)
             self.next_row += 1
@@ -189,6 +174,7 @@ class FleetSimulation:
                 yield env.timeout(self.arrival[self.next_row] - now)   # wake at the fleet's next arrival
                 continue
             batch, duration = parts.begin(now, arrived, replica.step)
+            self._kv_changed(replica)
             replica.pending = (batch, replica.step, now, duration, now + duration)
             yield env.timeout(duration)
 
@@ -202,17 +188,17 @@ class FleetSimulation:
             self._sync(env.now)
 
     # --- routing ---------------------------------------------------------------------------------
+    def _kv_changed(self, replica: Replica) -> None:
+        kv = replica.parts.scheduler.kv
+        if kv is not None:
+            self.accounting.set_kv(replica.index, kv.used)
+
     def _route(self, row: int) -> None:
+        """Route ``row``: the router reads the accounting (only what it declares), the request
+        joins its replica's table, attributes included, and the accounting."""
         reads = self.router.reads
-        if reads == "predicted_work":
-            self.route_estimate[row] = self._routing_estimate(row)
-        view = FleetView(
-            replicas=self.replicas,
-            outstanding=np.array([r.routed - r.parts.table.finished for r in self.fleet], dtype=np.int64)
-            if reads == "outstanding" else None,
-            work=self._work(predicted=True) if reads == "predicted_work" else None,
-            true_work=self._work(predicted=False) if reads == "true_work" else None)
-        index = self.router.choose(row, view)
+        estimate = self._routing_estimate(row) if reads == "predicted_work" else 0.0
+        index = self.router.choose(row, self._view(reads))
         if not 0 <= index < self.replicas:
             raise RuntimeError(f"router {self.router.name!r} chose replica {index} of {self.replicas}")
         replica = self.fleet[index]
@@ -224,34 +210,40 @@ class FleetSimulation:
         if table.fill is not table.prompt:   # KV blocks: a preemption gave the table its own prefill sizes
             table.fill[k], table.fill_sq[k] = table.prompt[k], table.prompt_sq[k]
         table.length[k] = self.length[row]
+        for i in range(len(self.attributes)):   # the request's attributes travel with it
+            table.attributes[i][k] = self.attributes[i][row]
+        table.route_estimate[k] = self.route_estimate[row] = estimate   # type: ignore[attr-defined]
         replica.routed += 1
         self.assigned[row] = index
-        self.balance.add(self._work(predicted=False))
+        self._joined(replica, k)
+        self.balance.add(self.accounting)
+
+    def _view(self, reads: str):
+        """What the router reads: the accounting's fields it declares."""
+        return self.accounting.view(reads)
+
+    def _joined(self, replica: Replica, k: int) -> None:
+        """Local row ``k`` of ``replica`` was routed: the accounting takes it in."""
+        replica.parts.table.routed(k)   # type: ignore[attr-defined]
 
     def _routing_estimate(self, row: int) -> float:
         """The prompt-only estimate the router reads until the replica's own estimate exists."""
         predictor = self.predictors[0]
         if predictor.router_estimate() == "prompt":
-            finished = sum(r.parts.table.finished for r in self.fleet)
+            finished = self.n_finished()
             return float(predictor.predict(np.array([row]), Known(arrived=row + 1, finished=finished))[0])
         return float(predictor.prior_length)
 
-    def _work(self, predicted: bool) -> np.ndarray:
-        """Outstanding output tokens per replica: each unfinished request's estimate (or true length)
-        less its generated tokens, at least 1 (it has a token to go)."""
-        work = np.zeros(self.replicas, dtype=np.float64)
-        for replica in self.fleet:
-            t, rows = replica.parts.table, replica.unfinished()
-            if not len(rows):
-                continue
-            if predicted:
-                own = ~np.isnan(t.ready_s[rows])
-                kept = t.predicted if replica.estimates is None else replica.estimates
-                estimate = np.where(own, kept[rows], self.route_estimate[replica.rows[rows]])
-            else:
-                estimate = t.length[rows].astype(np.float64)
-            work[replica.index] = float(np.maximum(estimate - t.generated[rows], 1.0).sum())
-        return work
+    def n_finished(self) -> int:
+        """Requests finished in the whole fleet so far."""
+        return sum(r.parts.table.finished for r in self.fleet)
+
+    def replica_work(self, replica: Replica, predicted: bool = True, true: bool = True):
+        """One replica's work recounted from its table (what the accounting holds for it)."""
+        table = replica.parts.table
+        estimates = table.predicted if replica.estimates is None else replica.estimates
+        return replica_work(table, replica.unfinished(), estimates, table.route_estimate,  # type: ignore[attr-defined]
+                            predicted, true)
 
     # --- the result ------------------------------------------------------------------------------
     def _result(self, sim_cpu_s: float) -> RunResult:

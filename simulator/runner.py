@@ -258,6 +258,8 @@ class Prepared:
     capacity_req_s: float | None        # None for arrivals replayed as recorded
     arrival_rate_req_s: float | None
     resolved: dict
+    #: runs it on the kernel chosen for it (one engine: chosen at the run; a fleet: when prepared)
+    runs: Callable[[], RunResult] = field(repr=False, compare=False)
 
 
 def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = None,
@@ -329,7 +331,7 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
     if config.preset is not None or window is not None:
         resolved["engine_config_used"] = engine_config_record(engine_config)
         resolved["closed_loop_window"] = window
-    return Prepared(config, workload, sim, capacity, rate, resolved)
+    return Prepared(config, workload, sim, capacity, rate, resolved, runs=lambda: run_simulation(sim, config.kernel))
 
 
 def run_simulation(sim: Simulation, kernel: str, note: bool = True) -> RunResult:
@@ -390,14 +392,12 @@ def _prepared_fleet(config: RunConfig, workload: Trace, trace: Trace, arrival_s:
         resolved["kv_blocks_used"] = engine_config.kv_blocks
     if config.preset is not None:
         resolved["engine_config_used"] = engine_config_record(engine_config)
-    return Prepared(config, workload, fleet, capacity, rate, resolved)  # type: ignore[arg-type]
+    return Prepared(config, workload, fleet, capacity, rate, resolved, runs=fleet.run)  # type: ignore[arg-type]
 
 
 def execute(prepared: Prepared) -> tuple[dict, RunResult]:
     """Run a prepared simulation and summarise it."""
-    sim = prepared.simulation
-    # a fleet runs on the kernel chosen when it was prepared (a fallback's note given then)
-    result = sim.run() if isinstance(sim, FleetSimulation) else run_simulation(sim, prepared.config.kernel)
+    result = prepared.runs()
     cfg = prepared.config
     summary = summarize(
         result,
@@ -412,5 +412,6 @@ def execute(prepared: Prepared) -> tuple[dict, RunResult]:
         charge_cost=cfg.charge_cost,
         arrival_rate_req_s=prepared.arrival_rate_req_s,
         capacity_req_s=prepared.capacity_req_s,
+        **({"router": cfg.router} if cfg.replicas > 1 else {}),   # a fleet's (its replicas: fleet_balance)
     )
     return summary, result

@@ -11,9 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import simpy
 
+from policies.base import Policy, SchedulerView
+from predictors.base import PredictorCost
 from simulator.config import EngineConfig
-from simulator.prediction import NoPrediction
+from simulator.prediction import NoPrediction, PredictionDriver
 from simulator.profiles.base import EngineProfile
 from simulator.requests import RequestTable, clock_step
 from simulator.scheduler import Batch, Scheduler
@@ -57,3 +60,23 @@ class EngineParts:
         if self.log is not None:
             self.log.finished.append(table.finished)  # type: ignore[attr-defined]
         driver.feedback(done)
+
+
+def build_parts(table: RequestTable, policy: Policy, predictor, cost: PredictorCost | None, profile: EngineProfile,
+                config: EngineConfig, env: simpy.Environment, *, charge_cost: bool, step_clock: bool,
+                log: object | None = None) -> EngineParts:
+    """One engine's parts over its own request table: the single engine's and every fleet replica's
+    (``predictor``: a bound predictor, or a replica's view of one; None: no predictor). The policy
+    sees the table's rows and their request attributes."""
+    if predictor is None:
+        driver = NoPrediction()
+    else:
+        assert cost is not None   # a predictor always has a cost (FREE at least)
+        driver = PredictionDriver(predictor, cost, table, charge_cost=charge_cost, publish_at_once=step_clock)
+    view = SchedulerView(now=0.0, arrival_s=table.arrival, predicted=table.predicted, generated=table.generated,
+                         output_kind=driver.output_kind, step=0, last_served=table.last_served,
+                         first_predicted=table.first_predicted, attributes=table.attributes)
+    policy.reset(table.n)
+    scheduler = Scheduler(policy, config, table, view, driver.scores_at_arrival and policy.uses_predictions)
+    driver.start(env)
+    return EngineParts(table, scheduler, driver, profile, config, step_clock, log)

@@ -127,7 +127,7 @@ def test_power_of_two_follows_the_seed():
 
 def test_least_work_refuses_a_predictor_that_cannot_serve_it():
     workload, arrival, profile = _sharegpt(n=20)
-    with pytest.raises(ValueError, match="least-work needs a predictor that can serve the router"):
+    with pytest.raises(ValueError, match="--router least-work reads predicted work: --predictor ltr cannot serve it"):
         _fleet(workload, arrival, profile, "countdown", "ltr", 2, "least-work")
 
 

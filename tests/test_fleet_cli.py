@@ -92,3 +92,43 @@ def test_least_work_refuses_a_rank_predictor_by_name(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--predictor ltr cannot serve it" in err, err
     assert not out.exists()
+
+
+def test_routers_compared_in_one_command(tmp_path, capsys):
+    """``--router all`` beside two predictors: every router behind each, least-work left out for the
+    run without a predictor (it cannot serve it); one table with a router column; results and each
+    summary carry router and replicas; each run is the single-router run's bytes."""
+    out = tmp_path / "all"
+    assert main([*HAND, "--router", "all", "--predictor", "none,oracle", "--policy", "countdown",
+                 "--out", str(out)]) == 0
+    results = pq.read_table(out / "results.parquet").to_pylist()
+    pairs = sorted((r["predictor"], r["router"]) for r in results)
+    assert pairs == sorted([("none", r) for r in ("round-robin", "least-requests", "power-of-two", "oracle-work")]
+                           + [("oracle", r) for r in ("round-robin", "least-requests", "power-of-two", "least-work",
+                                                      "oracle-work")])
+    assert {r["replicas"] for r in results} == {2}
+    header = (out / "results.csv").read_text().splitlines()[0].replace('"', "")
+    assert header.startswith("trace,predictor,policy,router,replicas,")
+    printed = capsys.readouterr().out
+    assert "2 replicas" in printed and " router " in printed and printed.count("oracle-work") == 2
+    folder = out / "oracle-countdown-least-work-x2-recorded-seed0"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert (summary["router"], summary["replicas"]) == ("least-work", 2)
+    assert _requests(folder) == WORK_COUNTDOWN
+    one = tmp_path / "one"
+    assert main([*HAND, "--router", "least-work", "--predictor", "oracle", "--policy", "countdown",
+                 "--out", str(one)]) == 0
+    assert (one / "requests.parquet").read_bytes() == (folder / "requests.parquet").read_bytes()
+
+
+@pytest.mark.parametrize(("flags", "fragment"), [
+    (["--router", "round-robin,nope"], "unknown --router 'nope'"),
+    (["--router", ","], "--router: empty list"),
+    (["--router", "all,least-work", "--predictor", "none"], "--router least-work reads predicted work"),
+])
+def test_bad_router_lists_are_one_line_exit_2(tmp_path, capsys, flags, fragment):
+    out = tmp_path / "out"
+    assert main([*HAND, *flags, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err, err
+    assert not out.exists()
