@@ -238,7 +238,7 @@ class Simulation:
         view = SchedulerView(now=0.0, arrival_s=table.arrival, predicted=table.predicted,
                              generated=table.generated, output_kind=driver.output_kind, step=0,
                              last_served=table.last_served, first_predicted=table.first_predicted,
-                             attributes=table.attributes)
+                             attributes=table.attributes, prompt=table.prompt)
         self.policy.reset(n)
         ordered_admission = driver.scores_at_arrival and self.policy.uses_predictions
         scheduler = Scheduler(self.policy, self.config, table, view, ordered_admission)

@@ -133,7 +133,8 @@ class FleetSimulation:
             driver = NoPrediction()
         view = SchedulerView(now=0.0, arrival_s=table.arrival, predicted=table.predicted,
                              generated=table.generated, output_kind=driver.output_kind, step=0,
-                             last_served=table.last_served, first_predicted=table.first_predicted)
+                             last_served=table.last_served, first_predicted=table.first_predicted,
+                             prompt=table.prompt)
         policy.reset(n)
         scheduler = Scheduler(policy, self.config, table, view, driver.scores_at_arrival and policy.uses_predictions)
         driver.start(env)
