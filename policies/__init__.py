@@ -15,6 +15,7 @@ from policies.ltr_starvation import LTRStarvation
 from policies.mlfq import MLFQ
 from policies.priority import Priority
 from policies.settings import typed_settings
+from policies.slack_countdown import SlackCountdown
 from policies.ssjf_starvation import SSJFStarvation
 from policies.trail_preemption import TrailPreemption
 
@@ -30,6 +31,7 @@ POLICIES: dict[str, type[Policy]] = {
     "boost": Boost,
     "priority": Priority,
     "edf": EDF,
+    "slack-countdown": SlackCountdown,
 }
 
 
