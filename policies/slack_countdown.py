@@ -29,7 +29,7 @@ from policies.countdown import remaining
 
 HORIZON_S = 60.0
 TOKEN_S = 0.025
-URGENT = -1e18   # below every countdown key (those are >= 0.5) and every deadline offset
+URGENT = -1e12   # below every countdown key (>= 0.5); deadlines (< 1e6 s) still resolve to 1e-4 s
 
 
 class SlackCountdown(Policy):

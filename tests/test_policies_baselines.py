@@ -165,3 +165,26 @@ def test_policy_all_runs_every_policy_beside_countdown_and_aging(capsys):
     assert {("oracle", p) for p in POLICIES} <= ran
     assert {("none", p) for p, c in POLICIES.items() if not c.uses_predictions} <= ran
     assert ("none", "countdown") not in ran   # needs a predictor: beside one, `none` is the FCFS baseline
+
+
+def test_slack_countdown_by_hand():
+    """horizon 10 s, token_s 1 s, now 5: row 0 (arrived 0, 3 tokens left: slack 10 - 5 - 3 = 2) is keyed
+    by countdown (3); row 1 (arrived 0, 8 left: slack -3) and row 2 (arrived 1, 7 left: slack -1) are
+    urgent, by deadline (10, then 11); row 3 (arrived 4, 1 left) by countdown (1)."""
+    slack = make_policy("slack-countdown", [("horizon_s", 10.0), ("token_s", 1.0)])
+    v = view([5] * 4, [2, 2, 3, 1], arrival=[0.0, 0.0, 1.0, 4.0], predicted=[5.0, 10.0, 10.0, 2.0], now=5.0)
+    got = keys(slack, v)
+    assert got[0] == 3.0 and got[3] == 1.0 and got[1] < got[2] < 0
+    assert rank(slack, v, np.arange(4), 4).tolist() == [1, 2, 3, 0]
+    v.now = 1.0   # nobody's slack is spent yet: countdown's order
+    assert rank(slack, v, np.arange(4), 4).tolist() == [3, 0, 2, 1]
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(left=st.lists(st.integers(1, 500), min_size=2, max_size=8), horizon=st.floats(1.0, 1e6))
+def test_slack_countdown_is_countdown_while_no_slack_is_spent(left, horizon):
+    """At time 0 with a horizon beyond every request's remaining work: the same order as countdown."""
+    n = len(left)
+    v = view([5] * n, [0] * n, predicted=left)
+    slack = make_policy("slack-countdown", [("horizon_s", horizon), ("token_s", horizon / 1000.0)])
+    assert rank(slack, v, np.arange(n), n).tolist() == rank(make_policy("countdown"), v, np.arange(n), n).tolist()
