@@ -23,6 +23,7 @@ from core.errors import OneLineParser, UsageError, run_command
 from core.io import remove_stale_temps
 from core.trace import TraceError, bundled_trace_names, load_trace
 from experiments.field_metrics import add_field_metric_flags, save_result, with_goodput
+from experiments.policy_options import check_policies, expand_policies, split_settings
 from experiments.sweep import (
     Stopped,
     SweepInterrupted,
@@ -143,8 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--predictor-cost", choices=("charged", "none"), default=None,
                    help="charge predictor GPU/CPU time to the engine, or not (paper's Table 4) (default charged; "
                         "none with --arrivals steps)")
-    p.add_argument("--setting", action="append", default=[], metavar="PREDICTOR.KEY=VALUE",
-                   help="a predictor's own setting, e.g. leap.alpha=0.001, tie.queue_batch=32, ssjf.retrain=true "
+    p.add_argument("--setting", action="append", default=[], metavar="NAME.KEY=VALUE",
+                   help="a predictor's or policy's own setting, e.g. leap.alpha=0.001, tie.queue_batch=32, "
+                        "ssjf.retrain=true, boost.gamma=0.05, mlfq.quantum=16 "
                         "(repeatable; unknown settings are refused, naming the known ones)")
     p.add_argument("--config", type=Path, help="rerun exactly the run a config.json describes (written by --out); "
                    "only output flags (--out, --json, --wide, --quiet, --plots) may be given with it")
@@ -234,8 +236,8 @@ def _configs(args) -> list[RunConfig]:
         if name != NO_PREDICTOR and name not in PREDICTORS:
             raise UsageError(f"unknown predictor {name!r} (choose from {', '.join([*PREDICTORS, NO_PREDICTOR])})")
     _check_lengths_only(trace_name, predictors)
-    policies: list[str | None] = (list(split_list("--policy", args.policy)) if args.policy is not None
-                                  else [None])   # None: FCFS without a predictor, countdown with one
+    policies: list[str | None] = (expand_policies(list(split_list("--policy", args.policy))) if args.policy is not None
+                                  else [None])   # None: FCFS without a predictor, countdown with one; all: every one
     for policy_name in policies:
         if policy_name is not None and policy_name not in POLICIES:
             raise UsageError(f"unknown policy {policy_name!r} (choose from {', '.join(POLICIES)})")
@@ -262,6 +264,7 @@ def _configs(args) -> list[RunConfig]:
         if not args.preset and ("decode_slots" in explicit or "max_resident" in explicit):
             given = EngineConfig(**explicit)   # the defaults count: --decode-slots 600 is above 512
             check_decode_slots(given.decode_slots, given.max_resident)
+        predictor_items, policy_options = split_settings(args.setting)
         runs = len(loads) * len(predictors) * len(policies) * len(routers) * args.seeds
         if runs > MAX_RUNS:
             raise UsageError(f"{runs:,} runs planned (--seeds x --load x --predictor x --policy x --router); "
@@ -272,7 +275,7 @@ def _configs(args) -> list[RunConfig]:
             engine_config, overrides = EngineConfig(**explicit), ()
         options = PredictorOptions(train_trace=args.train_trace, noise_mae=args.noise_mae, seed=args.seed,
                                    refresh={"default": None, "on": True, "off": False}[args.refresh],
-                                   settings=_settings(args.setting, predictors))
+                                   settings=_settings(predictor_items, predictors))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     configs, planned = [], set()
@@ -283,7 +286,7 @@ def _configs(args) -> list[RunConfig]:
         if policy is None:   # default: FCFS without a predictor, countdown with one
             policy = "fcfs" if predictor == NO_PREDICTOR else "countdown"
         if predictor == NO_PREDICTOR and POLICIES[policy].uses_predictions:
-            if len(predictors) == 1:
+            if len(predictors) == 1 and "all" not in split_list("--policy", args.policy or ""):
                 raise UsageError(f"policy {policy!r} needs a predictor; use --predictor or --policy fcfs")
             policy = "fcfs"   # beside predictors, `none` is the FCFS baseline the others compare to
         if (seed, load, predictor, policy, router) in planned:
@@ -292,6 +295,7 @@ def _configs(args) -> list[RunConfig]:
         configs.append(RunConfig(trace=trace_name, predictor=predictor, policy=policy, engine=engine,
                                  load=load, arrivals=arrivals, requests=args.requests, seed=seed, tile=args.tile,
                                  engine_config=engine_config, preset=args.preset, engine_overrides=overrides,
+                                 policy_options=policy_options.get(policy, ()),
                                  predictor_options=dataclasses.replace(options, seed=seed),
                                  charge_cost=predictor_cost == "charged", replicas=args.replicas, router=router))
     return configs
@@ -382,6 +386,7 @@ def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int
     args = build_parser().parse_args(argv)
     configs = [dataclasses.replace(c, kernel=args.kernel) for c in _configs(args)]
     configs = with_goodput(args, configs)
+    check_policies(configs)
     _note_import(load_trace(configs[0].trace))
     if args.plots and args.out is None:
         raise UsageError("--plots needs --out DIR")

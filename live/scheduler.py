@@ -201,7 +201,8 @@ class LeapScheduler(Scheduler):
             generated=np.zeros(n, dtype=np.int64), output_kind="length",
             step=step, last_served=np.full(n, -1, dtype=np.int64),
             first_predicted=np.fromiter((s.first_predicted for s in states), dtype=np.float64, count=n),
-            attributes=of_requests(new))
+            attributes=of_requests(new),
+            prompt=np.fromiter((r.num_prompt_tokens for r in new), dtype=np.int64, count=n))
         keys = self.leap_policy.admission_keys(view, np.arange(n))
         if keys is None:
             return
@@ -239,7 +240,8 @@ class LeapScheduler(Scheduler):
                 output_kind="length", step=step,
                 last_served=last_served,
                 first_predicted=np.fromiter((s.first_predicted for s in states), dtype=np.float64, count=n),
-                attributes=of_requests(cand))
+                attributes=of_requests(cand),
+                prompt=np.fromiter((r.num_prompt_tokens for r in cand), dtype=np.int64, count=n))
             chosen_idx, n_forced = choose_decodes(self.leap_policy, view, np.arange(n), decode_slots=cfg.decode_slots,
                                                   wait_cap=cfg.wait_cap, step=step, last_served=last_served)
             picked = np.zeros(n, dtype=bool)

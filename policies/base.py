@@ -30,6 +30,7 @@ class SchedulerView:
     last_served: np.ndarray | None = None      # int64, step of each row's last decode (or prefill)
     first_predicted: np.ndarray | None = None  # float64, each row's first estimate (nan before)
     attributes: Attributes | None = None       # each row's request attributes (core.attributes; None: defaults)
+    prompt: np.ndarray | None = None           # int64, each row's prompt tokens (None: unknown, read as 0)
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,9 @@ class CompiledForm:
     becomes round(log(score) + this x wait, 9 decimals), the wait counted on a clock floored to
     ``aging_every_s`` (``policies.aging``); ``promote_after_idle``: LTR's starvation rule, a row not
     run for this many steps is put first for ``promoted_runs`` runs (``policies.ltr_starvation``:
-    the kernel keeps that policy's own per-row state arrays).
+    the kernel keeps that policy's own per-row state arrays); ``params``: the rule's numbers, read
+    by the rule as ``t.params`` in both engines; ``keys_rise``: a decode may raise a row's key (a
+    queue level, a deadline), so the kernel re-sorts every resident after each step.
     """
 
     keys: Literal["row", "rule"]
@@ -64,6 +67,8 @@ class CompiledForm:
     aging_every_s: float = 0.0
     promote_after_idle: int | None = None
     promoted_runs: int = 0
+    params: tuple[float, ...] = ()   # the rule's numbers (``t.params``, policies/rule.py)
+    keys_rise: bool = False          # a decode may raise a key: re-sort every resident after a step
 
 
 class Policy(ABC):
@@ -78,6 +83,11 @@ class Policy(ABC):
     # the live scheduler (live/scheduler.py) runs it: it needs only the SchedulerView fields vLLM can fill
     live: ClassVar[bool] = False
     why_not: ClassVar[dict[str, str]] = {}
+
+    # settings a run may give (``--setting NAME.KEY=VALUE``; policies/settings.py types and checks
+    # them): name -> default; the class's ``__init__`` takes them as keyword arguments
+    settings_defaults: ClassVar[dict[str, int | float]] = {}
+    needs_slo: ClassVar[bool] = False   # built from the run's SLOs (``--slo``): __init__ takes ``slos``
 
     def reset(self, n: int) -> None:  # noqa: B027 -- optional hook: stateless policies keep the no-op
         """A new run of ``n`` rows starts: drop any state kept from the previous one (stateful
@@ -96,4 +106,4 @@ class Policy(ABC):
         return None
 
     def describe(self) -> dict:
-        return {"name": self.name}
+        return {"name": self.name, **{k: getattr(self, k) for k in self.settings_defaults}}

@@ -8,7 +8,9 @@ first estimate, attributes) writes them as two functions in its own file::
     RULES = ("decode_key", "admission_key")
 
 ``t`` holds the rows' arrays by name (``predicted``, ``generated``, ``arrival``,
-``first_predicted`` and ``attributes``, the :data:`core.attributes.Attributes` tuple); ``rank``
+``first_predicted``, ``attributes``, the :data:`core.attributes.Attributes` tuple, and ``prompt``,
+the prompt tokens) and ``t.params``, the policy's own numbers (:meth:`RulePolicy.params`, float64,
+the same array in both engines, so a setting is data, not compiled in); ``rank``
 says the estimates are a rank predictor's scores. The policy's class derives from
 :class:`RulePolicy` and names the module (``rule = __name__``): its keys are the rule's, and its
 compiled form names the module (``CompiledForm(keys="rule", rule=...)``): the compiled kernel compiles the same functions in (``simulator.kernel``), so
@@ -16,7 +18,9 @@ both engines make the same keys bit for bit. The functions are plain loops and a
 compiles them as written, without reference counts); a rule may call another rule module's
 functions through that module (``countdown.decode_key(r, t, rank)``). Keys must not depend on the
 clock or the step: the kernel keeps its order across steps and re-keys a row only when its state
-changes (a policy whose keys age declares it on its ``CompiledForm``).
+changes (a policy whose keys age declares it on its ``CompiledForm``). Keys that rise when a row
+decodes (a queue level, a deadline) declare ``keys_rise``: the kernel then re-sorts every resident
+after each step instead of only the decoded prefix.
 """
 
 from __future__ import annotations
@@ -33,22 +37,31 @@ from core.jit import cached_per_numba
 from policies.base import CompiledForm, Policy, SchedulerView
 
 #: the rows' arrays a rule reads (the compiled kernel's ``Rows`` has the same names)
-RuleRows = namedtuple("RuleRows", "predicted generated arrival first_predicted attributes")
+RuleRows = namedtuple("RuleRows", "predicted generated arrival first_predicted attributes prompt params",
+                      defaults=(None, None))
+#: a rule without numbers of its own still reads a float64 array (numba types it once)
+NO_PARAMS = np.zeros(1, dtype=np.float64)
 
 
-def rows_of(view) -> RuleRows:
-    """A :class:`policies.base.SchedulerView`'s arrays as a rule reads them."""
+def params_array(params) -> np.ndarray:
+    """A rule's numbers as the rule reads them (``t.params``): float64, never empty."""
+    return np.asarray(params, dtype=np.float64) if len(params) else NO_PARAMS
+
+
+def rows_of(view, params=()) -> RuleRows:
+    """A :class:`policies.base.SchedulerView`'s arrays as a rule reads them (``params``: the policy's numbers)."""
     n = len(view.predicted)
     first = view.first_predicted if view.first_predicted is not None else np.full(n, np.nan)
     attrs = view.attributes if view.attributes is not None else defaults(n)
-    return RuleRows(view.predicted, view.generated, view.arrival_s, first, attrs)
+    prompt = view.prompt if view.prompt is not None else np.zeros(n, dtype=np.int64)
+    return RuleRows(view.predicted, view.generated, view.arrival_s, first, attrs, prompt, params_array(params))
 
 
-def keys(module: str, which: str, view, rows: np.ndarray) -> np.ndarray:
+def keys(module: str, which: str, view, rows: np.ndarray, params=()) -> np.ndarray:
     """The keys of ``rows`` by rule ``module``'s ``which`` function (``decode_key``/``admission_key``)."""
     fill = load(module)[which]
     out = np.empty(len(rows), dtype=np.float64)
-    fill(np.ascontiguousarray(rows, dtype=np.int64), out, rows_of(view), view.output_kind == "rank")
+    fill(np.ascontiguousarray(rows, dtype=np.int64), out, rows_of(view, params), view.output_kind == "rank")
     return out
 
 
@@ -57,15 +70,20 @@ class RulePolicy(Policy):
 
     rule: ClassVar[str]
     compiled: ClassVar[bool] = True   # its rule compiles into the kernel (compiled_form)
+    keys_rise: ClassVar[bool] = False  # a decode can raise a row's key (CompiledForm.keys_rise)
+
+    def params(self) -> tuple[float, ...]:
+        """The rule's numbers (``t.params``), e.g. its settings; none by default."""
+        return ()
 
     def decode_keys(self, view: SchedulerView, rows: np.ndarray) -> np.ndarray:
-        return keys(self.rule, "decode_key", view, rows)
+        return keys(self.rule, "decode_key", view, rows, self.params())
 
     def admission_keys(self, view: SchedulerView, rows: np.ndarray) -> np.ndarray:
-        return keys(self.rule, "admission_key", view, rows)
+        return keys(self.rule, "admission_key", view, rows, self.params())
 
     def compiled_form(self) -> CompiledForm:
-        return CompiledForm(keys="rule", rule=self.rule)
+        return CompiledForm(keys="rule", rule=self.rule, params=self.params(), keys_rise=self.keys_rise)
 
 
 rule: Any = None   # the rule function each copy of _fill calls: bound in the copy's own globals (load)

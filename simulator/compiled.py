@@ -48,6 +48,7 @@ import sys
 
 import numpy as np
 
+from policies.rule import params_array
 from predictors.base import Known
 from simulator.compiled_log import fill_step_log, no_log, with_room
 from simulator.kernel import DEFAULT_RULE, announce_compile, load_kernel
@@ -170,7 +171,8 @@ class CompiledRun:
         self.rows = Rows(table.arrival, table.prompt, table.length, self.predicted, table.generated,
                          table.last_served, table.forced_steps, table.admitted, table.admit_s, table.first_token_s,
                          table.finish_s, table.admit_step, table.first_token_step, table.finish_step,
-                         table.first_predicted, table.ready_s, table.prefilled, table.attributes)
+                         table.first_predicted, table.ready_s, table.prefilled, table.attributes,
+                         params_array(sim.policy.compiled_form().params))
         self.work = self._work_arrays(n, sim.policy)
         self.settings = self._settings(sim)
         self.state, self.batch = new_record(STATE), new_record(BATCH)   # what the kernel takes
@@ -211,7 +213,8 @@ class CompiledRun:
     def _settings(self, sim) -> Settings:
         """The run's fixed settings as the kernel reads them (the policy's and profile's declared forms)."""
         cfg, form = self.cfg, sim.policy.compiled_form()
-        keys_on = (KEY_ROW if form.keys == "row" else KEY_SCORE if sim.predictor.output == "rank" else KEY_REMAINING)
+        keys_on = (KEY_ROW if form.keys == "row"
+                   else KEY_SCORE if sim.predictor is not None and sim.predictor.output == "rank" else KEY_REMAINING)
         kind, ints, floats = profile_coefficients(sim.profile)
         cost = self.driver.cost if self.mode == PRED_PREFILL else None
         return Settings(
@@ -232,7 +235,7 @@ class CompiledRun:
             charge_per_request=float(cost.gpu_s_per_request) if cost is not None else 0.0,
             charge_per_prompt_token=float(cost.gpu_s_per_prompt_token) if cost is not None else 0.0,
             feedback_batch=int(self.fb_batch), refresh_every=int(self.refresh_every),
-            after_prefill=bool(self.after_prefill), aging=form.aging_log_rate is not None,
+            after_prefill=bool(self.after_prefill), aging=form.aging_log_rate is not None, keys_rise=form.keys_rise,
             aging_log_rate=float(form.aging_log_rate or 0.0), aging_every_s=float(form.aging_every_s),
             promotes=form.promote_after_idle is not None, promote_after_idle=int(form.promote_after_idle or 0),
             promoted_runs=int(form.promoted_runs), record_steps=bool(sim.record_steps))

@@ -96,6 +96,7 @@ class Rows(NamedTuple):
     ready_s: np.ndarray
     prefilled: np.ndarray
     attributes: tuple        # the rows' request attributes (core.attributes.Attributes)
+    params: np.ndarray       # the policy rule's numbers (policies/rule.py: CompiledForm.params), float64
 
 
 class Work(NamedTuple):
@@ -158,6 +159,7 @@ class Settings(NamedTuple):
     after_prefill: bool      # an arrival-stage predictor observes the prefill (TRAIL's probe)
     record_steps: bool       # keep the step log (Work.log_times, Work.log_counts)
     aging: bool              # TIE's aging of every key (policies.aging)
+    keys_rise: bool          # a decode may raise a key: every resident is re-sorted after a step (CompiledForm)
     aging_log_rate: float    # ... log(gamma) / tau
     aging_every_s: float     # ... the aging clock's period
     promotes: bool           # LTR's starvation rule (policies.ltr_starvation)

@@ -394,8 +394,9 @@ def _reorder(t, w, s, st, b, n_before):
     if s.keys_on == KEY_ROW:
         return
     n_ord = n_before
-    # keys only fall, and only in the decoded prefix (all rows where the choice was not a prefix)
-    _policy_rekey_sort(t, w, s, st, min(b.ord_dirty, n_ord))
+    # keys only fall, and only in the decoded prefix (all rows where the choice was not a prefix);
+    # a policy whose keys may rise (CompiledForm.keys_rise) re-sorts every resident
+    _policy_rekey_sort(t, w, s, st, n_ord if s.keys_rise else min(b.ord_dirty, n_ord))
     if b.n_done:
         m = 0
         for i in range(n_ord):

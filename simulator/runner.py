@@ -85,6 +85,8 @@ class RunConfig:
     router: str = DEFAULT_ROUTER
     # goodput SLOs in ms (``--goodput``, core.latency.SLO_METRICS): they add request_goodput to the summary
     goodput: tuple[tuple[str, float], ...] = ()
+    # the policy's own settings (``--setting POLICY.KEY=VALUE``, policies/settings.py), typed, sorted by key
+    policy_options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         check_fleet(self.replicas, self.router, self.predictor, self.arrivals)
@@ -133,6 +135,10 @@ class RunConfig:
             del d["replicas"], d["router"]
         if self.tile is None:     # keep the config.json of untiled runs as it was
             del d["tile"]
+        if self.policy_options:
+            d["policy_options"] = dict(self.policy_options)
+        else:                     # keep the config.json of runs without policy settings as it was
+            del d["policy_options"]
         if self.goodput:
             d["goodput"] = dict(self.goodput)
         else:                     # keep the config.json of runs without SLOs as it was
@@ -183,6 +189,7 @@ def config_from_record(record: dict) -> RunConfig:
             charge_cost=bool(record.get("charge_cost", True)), preset=record.get("preset"),
             engine_overrides=tuple(sorted((record.get("engine_overrides") or {}).items())),
             replicas=int(record.get("replicas", 1)), router=record.get("router", DEFAULT_ROUTER),
+            policy_options=tuple(sorted((record.get("policy_options") or {}).items())),
             goodput=tuple((k, float(v)) for k, v in parse_goodput(
                 [f"{k}:{v}" for k, v in (record.get("goodput") or {}).items()]).items()))
     except KeyError as exc:
@@ -276,7 +283,7 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
     if config.requests is not None and config.requests > len(trace):
         raise ValueError(f"--requests {config.requests}: trace {trace.name!r} has only {len(trace)} requests"
                          f"{'' if config.tile else ' (--tile N repeats it to N)'}")
-    policy = make_policy(config.policy)
+    policy = make_policy(config.policy, config.policy_options, config.goodput)
     predictor = None if config.predictor == NO_PREDICTOR else make_predictor(config.predictor, config.predictor_options)
     if predictor is None and policy.uses_predictions:
         raise ValueError(f"policy {config.policy!r} needs a predictor (--predictor)")
@@ -360,14 +367,14 @@ def _prepared_fleet(config: RunConfig, workload: Trace, trace: Trace, arrival_s:
 
     fleet_class = FleetSimulation
     if config.kernel == "compiled":
-        reason = fleet_unsupported(engine_config, make_policy(config.policy), predictor_factory(), profile)
+        reason = fleet_unsupported(engine_config, make_policy(config.policy, config.policy_options, config.goodput), predictor_factory(), profile)
         if reason is None:
             fleet_class = CompiledFleet
         else:
             note_fallback(f"a fleet: {reason}")
     router = make_router(config.router)
     fleet = fleet_class(workload, arrival_s, replicas=config.replicas, router=router,
-                            make_policy=lambda: make_policy(config.policy), make_predictor=predictor_factory,
+                            make_policy=lambda: make_policy(config.policy, config.policy_options, config.goodput), make_predictor=predictor_factory,
                             profile=profile, config=engine_config, seed=config.seed, charge_cost=config.charge_cost,
                             step_clock=config.arrivals.step_clock)
     predictor = fleet.predictors[0] if fleet.predictors else None
@@ -377,7 +384,7 @@ def _prepared_fleet(config: RunConfig, workload: Trace, trace: Trace, arrival_s:
         "trace_hash": trace.content_hash,
         "trace_path": trace_reference(trace.path) if trace.path else None,
         "requests_used": len(workload),
-        "policy_settings": make_policy(config.policy).describe(),
+        "policy_settings": make_policy(config.policy, config.policy_options, config.goodput).describe(),
         "engine_settings": profile.describe(),
         "capacity_req_s": capacity,
         "arrival_rate_req_s": rate,

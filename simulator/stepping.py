@@ -75,7 +75,7 @@ def build_parts(table: RequestTable, policy: Policy, predictor, cost: PredictorC
         driver = PredictionDriver(predictor, cost, table, charge_cost=charge_cost, publish_at_once=step_clock)
     view = SchedulerView(now=0.0, arrival_s=table.arrival, predicted=table.predicted, generated=table.generated,
                          output_kind=driver.output_kind, step=0, last_served=table.last_served,
-                         first_predicted=table.first_predicted, attributes=table.attributes)
+                         first_predicted=table.first_predicted, attributes=table.attributes, prompt=table.prompt)
     policy.reset(table.n)
     scheduler = Scheduler(policy, config, table, view, driver.scores_at_arrival and policy.uses_predictions)
     driver.start(env)

@@ -114,7 +114,7 @@ def test_every_pair_the_kernel_accepts_is_byte_identical(predictor, policy, regi
     profile = make_profile("qwen3-8b-h100", trace)
     results = {}
     for kernel in ("reference", "compiled"):
-        sim = Simulation(workload, arrival, policy=make_policy(policy),
+        sim = Simulation(workload, arrival, policy=make_policy(policy, slos=(("ttft", 500.0), ("tpot", 50.0))),
                          predictor=None if predictor == "none" else make_predictor(predictor),
                          profile=profile, config=REGISTRY_CONFIG, seed=1)
         reason = unsupported(sim)

@@ -54,7 +54,8 @@ def test_every_registered_combination_runs_and_keeps_the_invariants(predictor, p
     arrival = np.arange(N) * 0.05                          # a burst: more ready requests than decode slots
     profile = predictors.setdefault(("profile", engine), None) or make_profile(engine, trace)
     predictors[("profile", engine)] = profile
-    result = Simulation(workload, arrival, policy=make_policy(policy), predictor=predictors.get(predictor),
+    result = Simulation(workload, arrival, policy=make_policy(policy, slos=(("ttft", 500.0), ("tpot", 50.0))),
+                        predictor=predictors.get(predictor),
                         profile=profile, config=CONFIG, seed=1, record_steps=True).run()
     for check in ALL_CHECKS:
         check(result, CONFIG)

@@ -1,0 +1,53 @@
+"""``--setting POLICY.KEY=VALUE`` (a policy's own settings, beside the predictors'), ``--policy all``,
+and the check that every planned run's policy can be built (bad settings, ``edf`` without ``--slo``)
+before anything runs: one line, exit 2 (``core.errors.UsageError``)."""
+
+from __future__ import annotations
+
+from core.errors import UsageError
+from policies import POLICIES, make_policy
+from policies.settings import typed_settings
+
+
+def expand_policies(names: list[str | None]) -> list[str | None]:
+    """``all`` = every registered policy, in registry order (duplicates dropped)."""
+    out: list[str | None] = []
+    for name in names:
+        out += list(POLICIES) if name == "all" else [name]
+    return list(dict.fromkeys(out))
+
+
+def split_settings(items: list[str]) -> tuple[list[str], dict[str, tuple[tuple[str, object], ...]]]:
+    """``--setting`` entries: those naming a policy typed and checked here, as {policy: ((key, value), ...)};
+    the rest (the predictors') returned as they are."""
+    rest: list[str] = []
+    given: dict[str, dict[str, str]] = {}
+    for item in items:
+        name = item.partition("=")[0].strip().partition(".")[0]
+        if name in POLICIES and "=" in item and "." in item.partition("=")[0]:
+            key, _, value = item.partition("=")[0].strip().partition(".")[2], None, item.partition("=")[2].strip()
+            given.setdefault(name, {})[key] = value
+        else:
+            rest.append(item)
+    options = {}
+    for name, values in given.items():
+        try:
+            typed = typed_settings(POLICIES[name], values.items())
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        options[name] = tuple(sorted(typed.items()))
+    return rest, options
+
+
+def check_policies(configs: list) -> None:
+    """Every run's policy built once from its settings and SLOs; a refusal is the command's one line."""
+    seen = set()
+    for config in configs:
+        key = (config.policy, config.policy_options, config.goodput)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            make_policy(config.policy, config.policy_options, config.goodput)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
