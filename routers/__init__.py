@@ -7,9 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from routers.base import FleetView, Router
+from routers.base import ESTIMATE_READS, FleetView, Router
+from routers.least_kv import LeastKV
+from routers.least_predicted_kv import LeastPredictedKV
 from routers.least_requests import LeastRequests
 from routers.least_work import LeastWork
+from routers.oracle_kv import OracleKV
 from routers.oracle_work import OracleWork
 from routers.power_of_two import PowerOfTwo
 from routers.round_robin import RoundRobin
@@ -20,6 +23,9 @@ ROUTERS: dict[str, type[Router]] = {
     "power-of-two": PowerOfTwo,
     "least-work": LeastWork,
     "oracle-work": OracleWork,
+    "least-kv": LeastKV,
+    "least-predicted-kv": LeastPredictedKV,
+    "oracle-kv": OracleKV,
 }
 
 DEFAULT_ROUTER = "round-robin"
@@ -33,13 +39,23 @@ def check_router(replicas: int, router: str, predictors: Mapping[str, Any], pred
     predictor (looked up in the registry ``predictors``) that can serve it."""
     if isinstance(replicas, bool) or not isinstance(replicas, (int, np.integer)) or not 1 <= replicas <= MAX_REPLICAS:
         raise ValueError(f"--replicas must be an integer from 1 to {MAX_REPLICAS}, got {replicas!r}")
+    check_stage_router("--router", "arrival", router, predictors, predictor)
+
+
+def check_stage_router(flag: str, stage: str, router: str, predictors: Mapping[str, Any], predictor: str) -> None:
+    """A router given by ``flag`` for placements at ``stage``: known, able to place there, and for one
+    reading estimates a predictor (in the registry ``predictors``) that can serve it."""
+    able_here = [n for n, c in ROUTERS.items() if stage in c.stages]
     if router not in ROUTERS:
-        raise ValueError(f"unknown --router {router!r} (choose from {', '.join(ROUTERS)})")
-    if ROUTERS[router].reads == "predicted_work":
+        raise ValueError(f"unknown {flag} {router!r} (choose from {', '.join(able_here)})")
+    if stage not in ROUTERS[router].stages:
+        raise ValueError(f"{flag} {router} places requests after prefill only (choose from {', '.join(able_here)})")
+    if ROUTERS[router].reads in ESTIMATE_READS:
         cls = predictors.get(predictor)
         if cls is None or cls.router_estimate() is None:
             able = ", ".join(n for n, c in predictors.items() if c.router_estimate() is not None)
-            raise ValueError(f"--router {router} reads predicted work: --predictor {predictor} cannot serve it "
+            what = ROUTERS[router].reads.replace("_", " ").replace(" kv", " KV footprints")
+            raise ValueError(f"{flag} {router} reads {what}: --predictor {predictor} cannot serve it "
                              f"(choose from {able})")
 
 
@@ -50,4 +66,5 @@ def make_router(name: str) -> Router:
         raise ValueError(f"unknown --router {name!r} (choose from {', '.join(ROUTERS)})") from None
 
 
-__all__ = ["DEFAULT_ROUTER", "MAX_REPLICAS", "ROUTERS", "FleetView", "Router", "check_router", "make_router"]
+__all__ = ["DEFAULT_ROUTER", "MAX_REPLICAS", "ROUTERS", "FleetView", "Router", "check_router", "check_stage_router",
+           "make_router"]

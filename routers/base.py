@@ -14,8 +14,12 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-#: What a router reads of the fleet: nothing, requests outstanding, predicted work, true work.
-Reads = Literal["nothing", "outstanding", "predicted_work", "true_work"]
+#: What a router reads of the fleet: nothing, requests outstanding, predicted work, true work; a
+#: decode router of a prefill/decode fleet also KV blocks claimed, predicted or true KV footprints.
+Reads = Literal["nothing", "outstanding", "predicted_work", "true_work", "kv_used", "predicted_kv", "true_kv"]
+#: Where a router places requests: at arrival (a fleet's --router, a P/D fleet's prefills) or after
+#: prefill (a P/D fleet's --decode-router, docs/semantics.md "Prefill/decode disaggregation").
+Stage = Literal["arrival", "decode"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,9 @@ class FleetView:
     outstanding: np.ndarray | None = None     # per replica: routed, not finished (waiting + running)
     work: np.ndarray | None = None            # per replica: predicted outstanding output tokens
     true_work: np.ndarray | None = None       # per replica: true outstanding output tokens (oracle)
+    kv_used: np.ndarray | None = None         # per decode replica: KV blocks held, reserved or queued for
+    kv_predicted: np.ndarray | None = None    # per decode replica: predicted KV footprint x tokens left
+    kv_true: np.ndarray | None = None         # per decode replica: the same with true lengths (oracle)
 
 
 class Router(ABC):
@@ -33,6 +40,7 @@ class Router(ABC):
 
     name: ClassVar[str]
     reads: ClassVar[Reads] = "nothing"
+    stages: ClassVar[tuple[Stage, ...]] = ("arrival", "decode")
 
     def reset(self, replicas: int, seed: int) -> None:
         """Called once before a run routes its first request (state, RNG)."""
@@ -44,6 +52,10 @@ class Router(ABC):
 
     def describe(self) -> dict:
         return {"name": self.name, "reads": self.reads}
+
+
+#: What each read needs of the predictor: an estimate ("predicted"), the true lengths, or nothing.
+ESTIMATE_READS = ("predicted_work", "predicted_kv")
 
 
 def lowest(values: np.ndarray) -> int:
