@@ -11,7 +11,7 @@ import math
 
 from core.checks import bounded_int
 from core.errors import UsageError
-from routers import MAX_REPLICAS, ROUTERS
+from routers import DECODE_ROUTERS, MAX_REPLICAS
 from simulator.pd_link import DEFAULT_KV_LINK_GBPS, DEFAULT_KV_LINK_LATENCY_MS
 
 
@@ -30,7 +30,7 @@ def _number(minimum: float, strict: bool):
 
 def add_pd_flags(p: argparse.ArgumentParser) -> None:
     count = bounded_int(1, MAX_REPLICAS, "engines one fleet simulates")
-    decode = ", ".join(n for n, c in ROUTERS.items() if "decode" in c.stages)
+    decode = ", ".join(DECODE_ROUTERS)
     p.add_argument("--prefill-replicas", type=count, help="a prefill/decode fleet: this many prefill instances "
                    "(with --decode-replicas; --router places the prefills)")
     p.add_argument("--decode-replicas", type=count, help="a prefill/decode fleet: this many decode instances")

@@ -17,7 +17,8 @@ from routers.oracle_work import OracleWork
 from routers.power_of_two import PowerOfTwo
 from routers.round_robin import RoundRobin
 
-ROUTERS: dict[str, type[Router]] = {
+#: Every router by CLI name; each declares where it may place requests (``Router.stages``).
+ALL_ROUTERS: dict[str, type[Router]] = {
     "round-robin": RoundRobin,
     "least-requests": LeastRequests,
     "power-of-two": PowerOfTwo,
@@ -27,6 +28,10 @@ ROUTERS: dict[str, type[Router]] = {
     "least-predicted-kv": LeastPredictedKV,
     "oracle-kv": OracleKV,
 }
+#: Routers placing arrivals (``--router``); routers placing prefilled requests on decode instances
+#: of a prefill/decode fleet (``--decode-router``).
+ROUTERS = {name: cls for name, cls in ALL_ROUTERS.items() if "arrival" in cls.stages}
+DECODE_ROUTERS = {name: cls for name, cls in ALL_ROUTERS.items() if "decode" in cls.stages}
 
 DEFAULT_ROUTER = "round-robin"
 #: Most replicas one fleet simulates (each holds a whole engine's state).
@@ -45,26 +50,26 @@ def check_router(replicas: int, router: str, predictors: Mapping[str, Any], pred
 def check_stage_router(flag: str, stage: str, router: str, predictors: Mapping[str, Any], predictor: str) -> None:
     """A router given by ``flag`` for placements at ``stage``: known, able to place there, and for one
     reading estimates a predictor (in the registry ``predictors``) that can serve it."""
-    able_here = [n for n, c in ROUTERS.items() if stage in c.stages]
-    if router not in ROUTERS:
+    able_here = [n for n, c in ALL_ROUTERS.items() if stage in c.stages]
+    if router not in ALL_ROUTERS:
         raise ValueError(f"unknown {flag} {router!r} (choose from {', '.join(able_here)})")
-    if stage not in ROUTERS[router].stages:
+    if stage not in ALL_ROUTERS[router].stages:
         raise ValueError(f"{flag} {router} places requests after prefill only (choose from {', '.join(able_here)})")
-    if ROUTERS[router].reads in ESTIMATE_READS:
+    if ALL_ROUTERS[router].reads in ESTIMATE_READS:
         cls = predictors.get(predictor)
         if cls is None or cls.router_estimate() is None:
             able = ", ".join(n for n, c in predictors.items() if c.router_estimate() is not None)
-            what = ROUTERS[router].reads.replace("_", " ").replace(" kv", " KV footprints")
+            what = ALL_ROUTERS[router].reads.replace("_", " ").replace(" kv", " KV footprints")
             raise ValueError(f"{flag} {router} reads {what}: --predictor {predictor} cannot serve it "
                              f"(choose from {able})")
 
 
 def make_router(name: str) -> Router:
     try:
-        return ROUTERS[name]()
+        return ALL_ROUTERS[name]()
     except KeyError:
-        raise ValueError(f"unknown --router {name!r} (choose from {', '.join(ROUTERS)})") from None
+        raise ValueError(f"unknown --router {name!r} (choose from {', '.join(ALL_ROUTERS)})") from None
 
 
-__all__ = ["DEFAULT_ROUTER", "MAX_REPLICAS", "ROUTERS", "FleetView", "Router", "check_router", "check_stage_router",
+__all__ = ["ALL_ROUTERS", "DECODE_ROUTERS", "DEFAULT_ROUTER", "MAX_REPLICAS", "ROUTERS", "FleetView", "Router", "check_router", "check_stage_router",
            "make_router"]

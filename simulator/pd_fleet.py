@@ -25,10 +25,9 @@ from simulator.engine import RunResult
 from simulator.fleet import FleetBalance, FleetSimulation, Replica
 from simulator.fleet_rows import ReplicaRows
 from simulator.pd_link import KVLink
-from simulator.pd_parts import CarriedEstimates, PrefillDriver, ReservedKVBlocks
+from simulator.pd_parts import CarriedEstimates, DecodeScheduler, PrefillDriver, ReservedKVBlocks
 from simulator.pd_view import decode_view, kv_blocks_of
 from simulator.requests import RequestTable
-from simulator.scheduler import Scheduler
 from simulator.stepping import EngineParts
 
 
@@ -81,7 +80,7 @@ class PDFleet(FleetSimulation):
                              output_kind=driver.output_kind, step=0, last_served=table.last_served,
                              first_predicted=table.first_predicted, attributes=table.attributes)
         policy.reset(n)
-        scheduler = Scheduler(policy, self.config, table, view, False)
+        scheduler = DecodeScheduler(policy, self.config, table, view, False)
         if self.config.kv_bounded:
             scheduler.kv = ReservedKVBlocks(table, self.config.kv_blocks_total, self.config.kv_block_size)
         parts = EngineParts(table, scheduler, driver, self.profile, self.config, False)
@@ -170,10 +169,11 @@ class PDFleet(FleetSimulation):
         self.decode_balance.add(true_work)
 
     def _start_transfers(self, index: int, now: float) -> None:
-        """The queue's head starts when the decode instance has its prompt's blocks (FIFO)."""
+        """The queue's head starts when the decode instance has its prompt's blocks (FIFO), and none
+        of its preempted requests waits for blocks (they come first)."""
         kv = self._kv(index)
         queue = self.queued[index]
-        while queue:
+        while queue and not (kv is not None and kv.requeued):
             row = queue[0]
             if kv is not None and not kv.reserve(int(kv_blocks_of(self.prompt[row], self.config.kv_block_size))):
                 return

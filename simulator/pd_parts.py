@@ -12,6 +12,7 @@ import numpy as np
 
 from simulator.kv_blocks import KVBlocks
 from simulator.prediction import NoPrediction, PredictionDriver
+from simulator.scheduler import Scheduler
 
 
 class PrefillDriver(PredictionDriver):
@@ -76,3 +77,19 @@ class ReservedKVBlocks(KVBlocks):
         self.reserved[rows] = False
         if self.used > self.total:
             raise AssertionError(f"KV blocks over-committed: {self.used} of {self.total}")
+
+
+class DecodeScheduler(Scheduler):
+    """A decode instance's scheduler: a landed request (its blocks reserved before its transfer) is
+    admitted before the preempted requests, which need blocks: the engine's order (preempted first)
+    would leave both waiting when the preempted one's blocks are held by landed ones."""
+
+    def _admit(self, arrived: int, budget: int, may_admit: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        kv = self.kv
+        if kv is None or not kv.requeued or self.admit_ptr >= arrived:
+            return super()._admit(arrived, budget, may_admit)
+        requeued, kv.requeued = kv.requeued, []
+        try:
+            return super()._admit(arrived, budget, may_admit)
+        finally:
+            kv.requeued = requeued
