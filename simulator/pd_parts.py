@@ -84,6 +84,16 @@ class DecodeScheduler(Scheduler):
     admitted before the preempted requests, which need blocks: the engine's order (preempted first)
     would leave both waiting when the preempted one's blocks are held by landed ones."""
 
+    def idle(self, arrived: int) -> bool:
+        """Also idle: nothing resident or landed, and the next preempted request's blocks are reserved
+        for transfers still in flight (it waits for their landings, which wake the instance)."""
+        if super().idle(arrived):
+            return True
+        t, kv = self.table, self.kv
+        if kv is None or len(t.resident) or t.partial >= 0 or self.admit_ptr < arrived or not kv.requeued:
+            return False
+        return int(kv.blocks(t.fill[kv.requeued[-1]])) > kv.free
+
     def _admit(self, arrived: int, budget: int, may_admit: bool = True) -> tuple[np.ndarray, np.ndarray]:
         kv = self.kv
         if kv is None or not kv.requeued or self.admit_ptr >= arrived:
