@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.hardware import QWEN3_8B, DEFAULT_HARDWARE
+from core.hardware import DEFAULT_HARDWARE, QWEN3_8B
 from core.trace import load_trace, trace_from_arrays
 from policies import make_policy
 from predictors import make_predictor
