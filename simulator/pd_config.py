@@ -3,7 +3,7 @@ when the run is configured, and the :class:`simulator.pd_fleet.PDFleet` it prepa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -11,8 +11,9 @@ from routers import MAX_REPLICAS, check_stage_router, make_router
 from simulator.compiled import note_fallback
 from simulator.pd_link import KVLink
 
-if TYPE_CHECKING:
-    from simulator.runner import Prepared, RunConfig
+#: simulator.runner's RunConfig and Prepared (not imported: the runner imports this module)
+RunConfig = Any
+Prepared = Any
 
 #: RunConfig fields of a P/D fleet (left out of the config.json of other runs)
 PD_FIELDS = ("prefill_replicas", "decode_replicas", "decode_router", "kv_link_gbps", "kv_link_latency_ms")
@@ -54,10 +55,11 @@ def check_pd(config: RunConfig) -> None:
                          "fleet (open arrivals: poisson, trace, FILE.csv, recorded)")
 
 
-def prepared_pd(config: RunConfig, workload, trace, arrival_s, capacity, rate, engine_config, profile) -> Prepared:
-    """The run's P/D fleet on the reference engine (the compiled kernel falls back, noted once)."""
+def prepared_pd(config: RunConfig, workload, trace, arrival_s, capacity, rate, engine_config, profile,
+                prepared_fleet) -> Prepared:
+    """The run's P/D fleet on the reference engine (the compiled kernel falls back, noted once);
+    ``prepared_fleet``: the runner's, which resolves a fleet's run (this module does not import it)."""
     from simulator.pd_fleet import PDFleet
-    from simulator.runner import _prepared_fleet
 
     if engine_config.kv_token_budget is not None:
         raise ValueError("--kv-budget is one engine's KV model; a P/D fleet models KV blocks (--kv-blocks)")
@@ -71,7 +73,7 @@ def prepared_pd(config: RunConfig, workload, trace, arrival_s, capacity, rate, e
         return PDFleet(*args, prefill_replicas=config.prefill_replicas, decode_replicas=config.decode_replicas,
                        decode_router=decode_router, link=link, **kwargs)
 
-    prepared = _prepared_fleet(config, workload, trace, arrival_s, capacity, rate, engine_config, profile,
+    prepared = prepared_fleet(config, workload, trace, arrival_s, capacity, rate, engine_config, profile,
                                build=build)
     prepared.resolved["decode_router_settings"] = decode_router.describe()
     return prepared

@@ -3,14 +3,14 @@ instance (docs/semantics.md "Prefill/decode disaggregation")."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from simulator.engine import RunResult
 
-if TYPE_CHECKING:
-    from simulator.pd_fleet import PDFleet
+#: a :class:`simulator.pd_fleet.PDFleet` (not imported: it imports this module)
+PDFleet = Any
 
 
 def _gather(instances, names: tuple[str, ...], n: int, kind) -> dict[str, np.ndarray]:

@@ -5,14 +5,14 @@ or landed (waiting, resident or preempted). Only the fields the router reads are
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from routers.base import FleetView
 
-if TYPE_CHECKING:
-    from simulator.pd_fleet import PDFleet
+#: a :class:`simulator.pd_fleet.PDFleet` (not imported: it imports this module)
+PDFleet = Any
 
 
 def kv_blocks_of(tokens, size: int):

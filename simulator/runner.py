@@ -311,7 +311,7 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
         rate = config.load * capacity
         arrival_s = make_arrivals(config.arrivals, workload, rate, config.seed)
     if config.prefill_replicas:
-        return prepared_pd(config, workload, trace, arrival_s, capacity, rate, engine_config, profile)
+        return prepared_pd(config, workload, trace, arrival_s, capacity, rate, engine_config, profile, _prepared_fleet)
     if config.replicas > 1:
         return _prepared_fleet(config, workload, trace, arrival_s, capacity, rate, engine_config, profile)
     # binds the predictor (trains or loads it), so a bad training trace fails before any output
