@@ -14,11 +14,12 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-#: What a router reads of the fleet: nothing, requests outstanding, predicted work, true work; a
-#: decode router of a prefill/decode fleet also KV blocks claimed, predicted or true KV footprints.
-Reads = Literal["nothing", "outstanding", "predicted_work", "true_work", "kv_used", "predicted_kv", "true_kv"]
+#: What a router reads of the fleet (routers/snapshot.py): nothing, requests outstanding (with their
+#: waiting / running split), predicted work, true work, KV blocks; a decode router of a prefill/decode
+#: fleet also predicted or true KV footprints (docs/semantics.md "Prefill/decode disaggregation").
+Reads = Literal["nothing", "outstanding", "predicted_work", "true_work", "kv", "predicted_kv", "true_kv"]
 #: Where a router places requests: at arrival (a fleet's --router, a P/D fleet's prefills) or after
-#: prefill (a P/D fleet's --decode-router, docs/semantics.md "Prefill/decode disaggregation").
+#: prefill (a P/D fleet's --decode-router).
 Stage = Literal["arrival", "decode"]
 
 
@@ -30,7 +31,10 @@ class FleetView:
     outstanding: np.ndarray | None = None     # per replica: routed, not finished (waiting + running)
     work: np.ndarray | None = None            # per replica: predicted outstanding output tokens
     true_work: np.ndarray | None = None       # per replica: true outstanding output tokens (oracle)
-    kv_used: np.ndarray | None = None         # per decode replica: KV blocks held, reserved or queued for
+    waiting: np.ndarray | None = None         # per replica: routed, not resident (with ``outstanding``)
+    running: np.ndarray | None = None         # per replica: resident, unfinished (with ``outstanding``)
+    kv_used: np.ndarray | None = None         # per replica: KV blocks held ("kv"; a P/D decode replica's: claimed)
+    kv_free: np.ndarray | None = None         # per replica: KV blocks free, -1 without KV blocks ("kv")
     kv_predicted: np.ndarray | None = None    # per decode replica: predicted KV footprint x tokens left
     kv_true: np.ndarray | None = None         # per decode replica: the same with true lengths (oracle)
 

@@ -9,7 +9,7 @@ from routers.base import FleetView, Router, lowest
 
 class LeastKV(Router):
     name = "least-kv"
-    reads = "kv_used"
+    reads = "kv"
     stages = ("decode",)
 
     def choose(self, row: int, view: FleetView) -> int:

@@ -21,13 +21,14 @@ import simpy
 
 from policies.base import SchedulerView
 from routers.base import Router
+from routers.snapshot import FleetBalance, ReplicaAccounting, work_sum
 from simulator.engine import RunResult
-from simulator.fleet import FleetBalance, FleetSimulation, Replica
+from simulator.fleet import FleetSimulation, Replica
 from simulator.fleet_rows import ReplicaRows
 from simulator.pd_link import KVLink
 from simulator.pd_parts import CarriedEstimates, DecodeScheduler, PrefillDriver, ReservedKVBlocks
 from simulator.pd_view import decode_view, kv_blocks_of
-from simulator.requests import RequestTable
+from simulator.replica_table import AccountedTable
 from simulator.stepping import EngineParts
 
 
@@ -67,7 +68,9 @@ class PDFleet(FleetSimulation):
 
     def _decoder(self, index: int, env: simpy.Environment) -> Replica:
         n = self.n
-        table = RequestTable(self.workload, np.full(n, np.inf), None)
+        # its counters (routers/snapshot.py) are the decode router's: a request joins them at its
+        # placement (decode_placed), its table at its landing
+        table = AccountedTable(self.workload, np.full(n, np.inf), self.decode_accounting, index)
         table.fill, table.fill_sq = np.ones(n, dtype=np.int64), np.ones(n, dtype=np.int64)   # the token recomputed
         rows = np.full(n, -1, dtype=np.int64)
         kind = self.predictors[0].output if self.predictors else None
@@ -92,22 +95,21 @@ class PDFleet(FleetSimulation):
             raise RuntimeError("a PDFleet runs once (its predictors' online state is spent); build a new one")
         self._ran = True
         env = self.env = simpy.Environment()
+        self._start()   # the prefill side's routing state (the fleet's)
+        kv_total = self.config.kv_blocks_total if self.config.kv_bounded else None
+        self.decode_accounting = ReplicaAccounting(self.decode_replicas, kv_total)
         self.fleet = [self._replica(i, env) for i in range(self.replicas)]
         self.decoders = [self._decoder(i, env) for i in range(self.decode_replicas)]
         n = self.n
-        self.next_row, self.done = 0, 0
-        self.assigned = np.full(n, -1, dtype=np.int64)        # prefill instance
+        self.done = 0
         self.prefill_local = np.full(n, -1, dtype=np.int64)   # local row there
         self.decode_of = np.full(n, -1, dtype=np.int64)       # decode instance
         self.transfer = np.full((n, 3), np.nan)               # decode-placed, transfer start, landing
         self.carried = np.zeros(n, dtype=np.float64)          # the estimate the request carries
-        self.route_estimate = np.zeros(n, dtype=np.float64)
         self.queued: list[list[int]] = [[] for _ in self.decoders]    # placed, waiting for blocks (FIFO)
         self.in_flight: list[list[int]] = [[] for _ in self.decoders]  # transferring, in start order
         self.wake: list[simpy.Event | None] = [None] * self.decode_replicas
-        self.balance = FleetBalance()          # the prefill side's (the fleet's routing keeps it; not reported)
         self.decode_balance = FleetBalance()   # outstanding true work per decode instance, at placements
-        self.router.reset(self.replicas, self.seed)
         self.decode_router.reset(self.decode_replicas, self.seed)
         for replica in self.fleet:
             env.process(self._replica_loop(env, replica))
@@ -121,11 +123,11 @@ class PDFleet(FleetSimulation):
             raise RuntimeError(f"P/D fleet simulation ended with {n - self.done} unfinished requests")
         return self._pd_result(sim_cpu_s)
 
-    def _route(self, row: int) -> None:
-        super()._route(row)
-        replica = self.fleet[self.assigned[row]]
-        self.prefill_local[row] = replica.routed - 1
-        replica.parts.table.length[replica.routed - 1] = 1   # its prefill instance's part ends at the first token
+    def _joined(self, replica: Replica, k: int) -> None:
+        """Its prefill instance's part of a request ends at its first token: ``length`` 1 there."""
+        self.prefill_local[replica.rows[k]] = k
+        replica.parts.table.length[k] = 1
+        super()._joined(replica, k)
 
     def _sync(self, now: float) -> None:
         """At ``now``: land the prefill steps, then the decode steps ending now (instance order); place
@@ -138,6 +140,7 @@ class PDFleet(FleetSimulation):
                 replica.pending = None
                 replica.parts.end(batch, step, start, duration, end)
                 replica.step += 1
+                self._kv_changed(replica)
                 prefilled += replica.rows[batch.first].tolist()
         for decoder in self.decoders:
             if decoder.pending is not None and decoder.pending[4] == now:
@@ -157,16 +160,18 @@ class PDFleet(FleetSimulation):
     def _place_decode(self, row: int, now: float) -> None:
         p = self.fleet[self.assigned[row]].parts.table
         self.carried[row] = p.predicted[self.prefill_local[row]]
-        view = decode_view(self, self.decode_router.reads)
-        index = self.decode_router.choose(row, view)
+        index = self.decode_router.choose(row, decode_view(self, self.decode_router.reads))
         if not 0 <= index < self.decode_replicas:
             raise RuntimeError(f"decode router {self.decode_router.name!r} chose {index} of {self.decode_replicas}")
         self.decode_of[row] = index
         self.transfer[row, 0] = now
         self.queued[index].append(row)
-        true_work = view.true_work if view.true_work is not None else decode_view(self, "true_work").true_work
-        assert true_work is not None
-        self.decode_balance.add(true_work)
+        self.decode_accounting.route(index, self._carried_work(row))
+        self.decode_balance.add(self.decode_accounting)
+
+    def _carried_work(self, row: int):
+        """The request's work before its first token on the decode instance (the accounting's)."""
+        return work_sum(self.carried[row:row + 1], np.zeros(1, dtype=np.int64), self.length[row:row + 1])
 
     def _start_transfers(self, index: int, now: float) -> None:
         """The queue's head starts when the decode instance has its prompt's blocks (FIFO), and none
@@ -208,7 +213,10 @@ class PDFleet(FleetSimulation):
             t.prompt[k], t.prompt_sq[k] = self.prompt[row], self.prompt[row] * self.prompt[row]
             t.length[k] = self.length[row]
             p = self.fleet[self.assigned[row]].parts.table
-            self.carried[row] = t.predicted[k] = p.predicted[self.prefill_local[row]]
+            placed = self._carried_work(row)
+            self.carried[row] = t.predicted[k] = t.route_estimate[k] = p.predicted[self.prefill_local[row]]  # type: ignore[attr-defined]
+            if self._carried_work(row) != placed:   # published between its placement and its landing
+                self.decode_accounting.change(index, placed, self._carried_work(row))
             t.first_predicted[k], t.ready_s[k] = p.first_predicted[self.prefill_local[row]], p.ready_s[self.prefill_local[row]]
             if kv is not None:
                 kv.landed(k, int(kv_blocks_of(self.prompt[row], self.config.kv_block_size)))

@@ -1,7 +1,8 @@
 """What a P/D fleet's decode router reads of the decode instances (docs/semantics.md
-"Prefill/decode disaggregation"), when a request's prefill ends. A decode instance's requests are
-those placed on it and not finished: queued for blocks, in transfer (0 tokens generated there yet),
-or landed (waiting, resident or preempted). Only the fields the router reads are computed."""
+"Prefill/decode disaggregation"), when a request's prefill ends: the decode instances' accounting
+(routers/snapshot.py), and the fields it does not keep, computed only for a router that reads them.
+A decode instance's requests are those placed on it and not finished: queued for blocks, in transfer
+(0 tokens generated there yet), or landed (waiting, resident or preempted)."""
 
 from __future__ import annotations
 
@@ -50,23 +51,19 @@ def _footprint(prompt: np.ndarray, generated: np.ndarray, lengths: np.ndarray, s
 
 
 def decode_view(fleet: PDFleet, reads: str) -> FleetView:
+    """The decode router's view: the decode accounting's counters (routers/snapshot.py: requests,
+    work, true work, kept at each event); "kv": KV blocks claimed (set from the instances when read);
+    the KV footprints (predicted or true) summed over the requests when read."""
+    accounting = fleet.decode_accounting
     d, size = fleet.decode_replicas, fleet.config.kv_block_size
-    fields: dict[str, np.ndarray] = {}
-    if reads == "kv_used":
-        fields["kv_used"] = np.array([_kv_used(fleet, i) for i in range(d)], dtype=np.int64)
-    elif reads in ("outstanding", "predicted_work", "true_work", "predicted_kv", "true_kv"):
-        values = np.zeros(d, dtype=np.float64)
+    if reads == "kv":
         for i in range(d):
-            prompt, generated, estimate, length = _requests(fleet, i)
-            if reads == "outstanding":
-                values[i] = len(prompt)
-            elif reads in ("predicted_work", "true_work"):
-                lengths = estimate if reads == "predicted_work" else length.astype(np.float64)
-                values[i] = float(np.maximum(lengths - generated, 1.0).sum())
-            else:
-                lengths = estimate if reads == "predicted_kv" else length.astype(np.float64)
-                values[i] = _footprint(prompt, generated, lengths, size)
-        key = {"outstanding": "outstanding", "predicted_work": "work", "true_work": "true_work",
-               "predicted_kv": "kv_predicted", "true_kv": "kv_true"}[reads]
-        fields[key] = values.astype(np.int64) if reads == "outstanding" else values
-    return FleetView(replicas=d, **fields)
+            accounting.set_kv(i, _kv_used(fleet, i))
+    if reads not in ("predicted_kv", "true_kv"):
+        return accounting.view(reads)
+    values = np.zeros(d, dtype=np.float64)
+    for i in range(d):
+        prompt, generated, estimate, length = _requests(fleet, i)
+        lengths = estimate if reads == "predicted_kv" else length.astype(np.float64)
+        values[i] = _footprint(prompt, generated, lengths, size)
+    return FleetView(replicas=d, **{"kv_predicted" if reads == "predicted_kv" else "kv_true": values})

@@ -134,6 +134,10 @@ def test_invariants(rows, prefill, decode, blocks, decode_router, gbps, latency)
     for d in fleet.decoders:   # every block given back
         kv = d.parts.scheduler.kv
         assert kv is None or kv.used == 0
+    # the decode router's counters (routers/snapshot.py), kept at each event, end at zero
+    accounting = fleet.decode_accounting
+    assert (accounting.outstanding == 0).all() and (accounting.running == 0).all()
+    assert (accounting.true_work == 0).all() and (accounting.predicted_work == 0).all()
 
 
 def test_same_seed_same_run_on_sharegpt():
