@@ -19,7 +19,7 @@ from simulator.runner import RunConfig, execute, prepare
 SLO = (("ttft", 2000.0), ("tpot", 100.0))
 METRICS = ("mean_e2e_s", "p99_e2e_s", "mean_ttft_ms", "p99_tpot_ms", "slo_attainment")
 #: (label, decode router or None for the aggregated fleet, policy, predictor)
-ARMS = [("aggregated round-robin, FCFS", None, "fcfs", "none"),
+ARMS: list[tuple[str, str | None, str, str]] = [("aggregated round-robin, FCFS", None, "fcfs", "none"),
         ("aggregated round-robin, countdown + leap-rls", None, "countdown", "leap-rls")]
 for _router in ("round-robin", "least-kv", "least-work", "least-predicted-kv"):
     _estimates = _router in ("least-work", "least-predicted-kv")   # the router reads LEAP+RLS's estimates
