@@ -14,6 +14,7 @@ import sys
 from core.checks import bounded_int
 from core.errors import OneLineParser, run_command
 from experiments.fleet_study import interval
+from simulator.config import EngineConfig
 from simulator.runner import RunConfig, execute, prepare
 
 SLO = (("ttft", 2000.0), ("tpot", 100.0))
@@ -34,6 +35,7 @@ def run(arm: tuple, args: argparse.Namespace, seed: int) -> dict:
                                            "decode_router": decode_router}
     config = RunConfig(trace=args.trace, predictor=predictor, policy=policy, load=args.load, seed=seed,
                        requests=args.requests, kernel="reference", goodput=SLO,
+                       engine_config=EngineConfig(kv_blocks=args.kv_blocks),
                        replicas=1 if pd else args.prefill + args.decode, **pd)
     summary, _ = execute(prepare(config))
     return {m: summary[m] for m in METRICS}
@@ -47,12 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=bounded_int(1), default=800)
     p.add_argument("--load", type=float, default=1.3)
     p.add_argument("--seeds", type=bounded_int(2, 10), default=5)
+    p.add_argument("--kv-blocks", type=bounded_int(1), help="KV blocks per engine (default: unbounded)")
     args = p.parse_args(argv)
     seeds = list(range(args.seeds))
     runs = {(arm[0], s): run(arm, args, s) for arm in ARMS for s in seeds}
     base = ARMS[0][0]
     print(f"{args.prefill}+{args.decode} engines, {args.trace} first {args.requests} requests, Poisson at "
-          f"{args.load}x capacity, seeds {seeds[0]}-{seeds[-1]}; SLO ttft 2000 ms, tpot 100 ms\n")
+          f"{args.load}x capacity, KV blocks {args.kv_blocks or 'unbounded'}, seeds {seeds[0]}-{seeds[-1]}; SLO ttft 2000 ms, tpot 100 ms\n")
     print("| arm | " + " | ".join(METRICS) + " | mean e2e vs base |")
     print("|---|" + "---|" * (len(METRICS) + 1))
     for arm in ARMS:
