@@ -18,6 +18,7 @@ from routers import DECODE_ROUTERS, make_router
 from simulator.engine import EngineConfig
 from simulator.pd_fleet import PDFleet
 from simulator.pd_link import KVLink
+from simulator.pd_view import _requests
 from simulator.profiles import make_profile
 from tests.test_fleet_cli import EXAMPLE
 
@@ -26,10 +27,24 @@ HAND_LINK = KVLink(gbps=0.02359296, latency_ms=500.0)
 HAND = EngineConfig(decode_slots=1, wait_cap=0)
 
 
+class CheckedPDFleet(PDFleet):
+    """Before each decode placement, the decode accounting (kept at each event) equals a recount of
+    every decode instance's requests from the fleet's queues and the instances' tables."""
+
+    def _place_decode(self, row: int, now: float) -> None:
+        for i in range(self.decode_replicas):
+            prompt, generated, estimate, length = _requests(self, i)
+            assert self.decode_accounting.outstanding[i] == len(prompt)
+            assert self.decode_accounting.true_work[i] == int(np.maximum(length - generated, 1).sum())
+            assert self.decode_accounting.predicted_work[i] == pytest.approx(
+                float(np.maximum(estimate - generated, 1.0).sum()))
+        super()._place_decode(row, now)
+
+
 def _pd(workload, arrival, *, prefill=1, decode=2, router="round-robin", decode_router="round-robin",
         policy="fcfs", predictor="none", config=HAND, link=HAND_LINK, profile=None):
     profile = profile if profile is not None else make_profile("unit", workload)
-    return PDFleet(workload, np.asarray(arrival, dtype=np.float64), prefill_replicas=prefill, decode_replicas=decode,
+    return CheckedPDFleet(workload, np.asarray(arrival, dtype=np.float64), prefill_replicas=prefill, decode_replicas=decode,
                    router=make_router(router), decode_router=make_router(decode_router), link=link,
                    make_policy=lambda: make_policy(policy),
                    make_predictor=lambda: None if predictor == "none" else make_predictor(predictor),
