@@ -23,6 +23,7 @@ from core.errors import OneLineParser, UsageError, run_command
 from core.io import remove_stale_temps
 from core.trace import TraceError, bundled_trace_names, load_trace
 from experiments.field_metrics import add_field_metric_flags, save_result, with_goodput
+from experiments.pd_flags import add_pd_flags, check_find_max_rate, with_pd
 from experiments.policy_options import check_policies, expand_policies, split_settings
 from experiments.sweep import (
     Stopped,
@@ -157,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wide", action="store_true", help="table with every figure, however wide (default: compact, "
                    "fitted to the terminal by dropping columns, never cutting a value)")
     add_field_metric_flags(p)
+    add_pd_flags(p)
     return p
 
 
@@ -385,8 +387,12 @@ def run(argv: list[str] | None = None, created: list[Path] | None = None) -> int
     """The command; output folders it makes are listed in ``created`` (see :func:`main`)."""
     args = build_parser().parse_args(argv)
     configs = [dataclasses.replace(c, kernel=args.kernel) for c in _configs(args)]
-    configs = with_goodput(args, configs)
+    configs = with_goodput(args, with_pd(args, configs))
     check_policies(configs)
+    check_find_max_rate(args, configs)
+    if args.find_max_rate:
+        from experiments.max_rate import find_max_rate
+        return find_max_rate(configs[0], args.json)
     _note_import(load_trace(configs[0].trace))
     if args.plots and args.out is None:
         raise UsageError("--plots needs --out DIR")

@@ -7,20 +7,31 @@ from typing import Any
 
 import numpy as np
 
-from routers.base import FleetView, Router
+from routers.base import ESTIMATE_READS, FleetView, Router
+from routers.least_kv import LeastKV
+from routers.least_predicted_kv import LeastPredictedKV
 from routers.least_requests import LeastRequests
 from routers.least_work import LeastWork
+from routers.oracle_kv import OracleKV
 from routers.oracle_work import OracleWork
 from routers.power_of_two import PowerOfTwo
 from routers.round_robin import RoundRobin
 
-ROUTERS: dict[str, type[Router]] = {
+#: Every router by CLI name; each declares where it may place requests (``Router.stages``).
+ALL_ROUTERS: dict[str, type[Router]] = {
     "round-robin": RoundRobin,
     "least-requests": LeastRequests,
     "power-of-two": PowerOfTwo,
     "least-work": LeastWork,
     "oracle-work": OracleWork,
+    "least-kv": LeastKV,
+    "least-predicted-kv": LeastPredictedKV,
+    "oracle-kv": OracleKV,
 }
+#: Routers placing arrivals (``--router``); routers placing prefilled requests on decode instances
+#: of a prefill/decode fleet (``--decode-router``).
+ROUTERS = {name: cls for name, cls in ALL_ROUTERS.items() if "arrival" in cls.stages}
+DECODE_ROUTERS = {name: cls for name, cls in ALL_ROUTERS.items() if "decode" in cls.stages}
 
 DEFAULT_ROUTER = "round-robin"
 #: Most replicas one fleet simulates (each holds a whole engine's state).
@@ -29,8 +40,9 @@ MAX_REPLICAS = 4096
 
 def serves(router: str, predictor: Any) -> bool:
     """Whether ``predictor`` (a predictor class or instance; None: no predictor) gives ``router``
-    what it reads: a router reading predicted work needs a routing estimate (``router_estimate()``)."""
-    return ROUTERS[router].reads != "predicted_work" or (predictor is not None and predictor.router_estimate() is not None)
+    what it reads: a router reading estimates needs a routing estimate (``router_estimate()``)."""
+    return ALL_ROUTERS[router].reads not in ESTIMATE_READS or (
+        predictor is not None and predictor.router_estimate() is not None)
 
 
 def check_router(replicas: int, router: str, predictors: Mapping[str, Any], predictor: str) -> None:
@@ -39,19 +51,30 @@ def check_router(replicas: int, router: str, predictors: Mapping[str, Any], pred
     predictor (looked up in the registry ``predictors``) that can serve it."""
     if isinstance(replicas, bool) or not isinstance(replicas, (int, np.integer)) or not 1 <= replicas <= MAX_REPLICAS:
         raise ValueError(f"--replicas must be an integer from 1 to {MAX_REPLICAS}, got {replicas!r}")
-    if router not in ROUTERS:
-        raise ValueError(f"unknown --router {router!r} (choose from {', '.join(ROUTERS)})")
+    check_stage_router("--router", "arrival", router, predictors, predictor)
+
+
+def check_stage_router(flag: str, stage: str, router: str, predictors: Mapping[str, Any], predictor: str) -> None:
+    """A router given by ``flag`` for placements at ``stage``: known, able to place there, and for one
+    reading estimates a predictor (in the registry ``predictors``) that can serve it."""
+    able_here = [n for n, c in ALL_ROUTERS.items() if stage in c.stages]
+    if router not in ALL_ROUTERS:
+        raise ValueError(f"unknown {flag} {router!r} (choose from {', '.join(able_here)})")
+    if stage not in ALL_ROUTERS[router].stages:
+        raise ValueError(f"{flag} {router} places requests after prefill only (choose from {', '.join(able_here)})")
     if not serves(router, predictors.get(predictor)):
         able = ", ".join(n for n, c in predictors.items() if serves(router, c))
-        raise ValueError(f"--router {router} reads predicted work: --predictor {predictor} cannot serve it "
+        what = ALL_ROUTERS[router].reads.replace("_", " ").replace(" kv", " KV footprints")
+        raise ValueError(f"{flag} {router} reads {what}: --predictor {predictor} cannot serve it "
                          f"(choose from {able})")
 
 
 def make_router(name: str) -> Router:
     try:
-        return ROUTERS[name]()
+        return ALL_ROUTERS[name]()
     except KeyError:
-        raise ValueError(f"unknown --router {name!r} (choose from {', '.join(ROUTERS)})") from None
+        raise ValueError(f"unknown --router {name!r} (choose from {', '.join(ALL_ROUTERS)})") from None
 
 
-__all__ = ["DEFAULT_ROUTER", "MAX_REPLICAS", "ROUTERS", "FleetView", "Router", "check_router", "make_router", "serves"]
+__all__ = ["ALL_ROUTERS", "DECODE_ROUTERS", "DEFAULT_ROUTER", "MAX_REPLICAS", "ROUTERS", "FleetView", "Router",
+           "check_router", "check_stage_router", "make_router", "serves"]

@@ -15,8 +15,12 @@ from typing import ClassVar, Literal
 import numpy as np
 
 #: What a router reads of the fleet (routers/snapshot.py): nothing, requests outstanding (with their
-#: waiting / running split), predicted work, true work, KV blocks.
-Reads = Literal["nothing", "outstanding", "predicted_work", "true_work", "kv"]
+#: waiting / running split), predicted work, true work, KV blocks; a decode router of a prefill/decode
+#: fleet also predicted or true KV footprints (docs/semantics.md "Prefill/decode disaggregation").
+Reads = Literal["nothing", "outstanding", "predicted_work", "true_work", "kv", "predicted_kv", "true_kv"]
+#: Where a router places requests: at arrival (a fleet's --router, a P/D fleet's prefills) or after
+#: prefill (a P/D fleet's --decode-router).
+Stage = Literal["arrival", "decode"]
 
 
 @dataclass(frozen=True)
@@ -29,8 +33,10 @@ class FleetView:
     true_work: np.ndarray | None = None       # per replica: true outstanding output tokens (oracle)
     waiting: np.ndarray | None = None         # per replica: routed, not resident (with ``outstanding``)
     running: np.ndarray | None = None         # per replica: resident, unfinished (with ``outstanding``)
-    kv_used: np.ndarray | None = None         # per replica: KV blocks held ("kv")
+    kv_used: np.ndarray | None = None         # per replica: KV blocks held ("kv"; a P/D decode replica's: claimed)
     kv_free: np.ndarray | None = None         # per replica: KV blocks free, -1 without KV blocks ("kv")
+    kv_predicted: np.ndarray | None = None    # per decode replica: predicted KV footprint x tokens left
+    kv_true: np.ndarray | None = None         # per decode replica: the same with true lengths (oracle)
 
 
 class Router(ABC):
@@ -38,6 +44,7 @@ class Router(ABC):
 
     name: ClassVar[str]
     reads: ClassVar[Reads] = "nothing"
+    stages: ClassVar[tuple[Stage, ...]] = ("arrival", "decode")
 
     def reset(self, replicas: int, seed: int) -> None:
         """Called once before a run routes its first request (state, RNG)."""
@@ -49,6 +56,10 @@ class Router(ABC):
 
     def describe(self) -> dict:
         return {"name": self.name, "reads": self.reads}
+
+
+#: What each read needs of the predictor: an estimate ("predicted"), the true lengths, or nothing.
+ESTIMATE_READS = ("predicted_work", "predicted_kv")
 
 
 def lowest(values: np.ndarray) -> int:

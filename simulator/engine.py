@@ -105,6 +105,10 @@ class RunResult:
     replicas: int = 1
     balance_max_over_mean: float | None = None   # outstanding true work, max / mean over replicas, at routings
     preemptions: np.ndarray | None = None   # per row, times preempted (KV blocks; None: unbounded KV)
+    # a prefill/decode fleet's run (simulator/pd_fleet.py): per row, its prefill and decode instance,
+    # its prefill's end, its transfer's start and landing; and the number of each instance
+    stages: dict[str, np.ndarray] | None = None
+    pd_replicas: tuple[int, int] | None = None
 
     @property
     def makespan_s(self) -> float:

@@ -27,7 +27,7 @@ from routers.snapshot import FleetBalance, ReplicaAccounting
 from simulator.config import EngineConfig
 from simulator.engine import RunResult, check_step_clock, checked_arrivals
 from simulator.fleet_rows import ReplicaRows
-from simulator.prediction import NoPrediction
+from simulator.prediction import NoPrediction, PredictionDriver
 from simulator.profiles.base import EngineProfile
 from simulator.replica_table import AccountedTable, replica_work
 from simulator.requests import RequestTable
@@ -64,6 +64,9 @@ class FleetSimulation:
     ``make_policy`` / ``make_predictor`` build one instance per replica (each replica keeps its own
     policy and predictor state); ``make_predictor`` returns None for runs without a predictor.
     Same inputs and seed -> identical output."""
+
+    #: the prediction driver of each replica (a prefill instance's learns only from its decode instance)
+    driver_cls: type[PredictionDriver] = PredictionDriver
 
     def __init__(self, workload: Trace, arrival_s: np.ndarray, *, replicas: int, router: Router,
                  make_policy: Callable[[], Policy], make_predictor: Callable[[], Predictor | None],
@@ -115,7 +118,7 @@ class FleetSimulation:
         predictor = ReplicaRows(bound, rows) if bound is not None else None
         cost = bound.cost(self.profile.hardware) if bound is not None else None
         parts = build_parts(self._table(index), self.make_policy(), predictor, cost, self.profile, self.config, env,
-                            charge_cost=self.charge_cost, step_clock=self.step_clock)
+                            charge_cost=self.charge_cost, step_clock=self.step_clock, driver_cls=self.driver_cls)
         return Replica(index, parts, rows, driver=parts.driver)
 
     def run(self) -> RunResult:

@@ -61,6 +61,8 @@ def requests_table(result: RunResult) -> pa.Table:
     })
     if result.preemptions is not None:
         table = table.append_column("preemptions", pa.array(result.preemptions, pa.int32()))
+    for name, values in (result.stages or {}).items():   # a P/D fleet's (simulator.pd_result)
+        table = table.append_column(name, pa.array(values, pa.int32() if values.dtype.kind == "i" else pa.float64()))
     return table
 
 
@@ -156,6 +158,9 @@ def summarize(result: RunResult, slos: dict[str, float] | None = None, **context
     }
     if result.replica is not None:
         summary.update(fleet_balance(result))
+    if result.pd_replicas is not None:
+        from simulator.pd_result import pd_summary
+        summary.update(pd_summary(result))
     if result.preemptions is not None:   # KV blocks: preemptions in all, and requests preempted at least once
         summary["preemptions"] = int(result.preemptions.sum())
         summary["requests_preempted"] = int((result.preemptions > 0).sum())

@@ -146,8 +146,13 @@ class PredictionDriver(NoPrediction):
         self.env.timeout(ready - end).callbacks.append(ready_now)
 
     def feedback(self, done: np.ndarray) -> None:
-        if len(done):
-            update = self.predictor.feedback(done, self.table.length[done])
+        self.learn(done, self.table.length[done])
+
+    def learn(self, rows: np.ndarray, lengths: np.ndarray) -> None:
+        """The true lengths of finished ``rows`` go to the predictor; its update is published at once
+        (step clock) or queued for the CPU worker."""
+        if len(rows):
+            update = self.predictor.feedback(rows, lengths)
             if update is not None and self.publish_at_once:
                 self._publish(update)
             elif update is not None:

@@ -26,6 +26,8 @@ from simulator.config import KV_BLOCKS_FROM_PROFILE
 from simulator.engine import EngineConfig, RunResult, Simulation, check_kv_blocks
 from simulator.fleet import FleetSimulation
 from simulator.metrics import summarize
+from simulator.pd_config import PD_FIELDS, check_pd, fleet_size, prepared_pd
+from simulator.pd_link import DEFAULT_KV_LINK_GBPS, DEFAULT_KV_LINK_LATENCY_MS
 from simulator.preset import recorded_engine_config, recorded_window
 from simulator.profiles import DEFAULT_PROFILE, make_profile
 from simulator.serving import is_serving, with_source_features
@@ -87,9 +89,17 @@ class RunConfig:
     goodput: tuple[tuple[str, float], ...] = ()
     # the policy's own settings (``--setting POLICY.KEY=VALUE``, policies/settings.py), typed, sorted by key
     policy_options: tuple[tuple[str, Any], ...] = ()
+    # a prefill/decode fleet (docs/semantics.md "Prefill/decode disaggregation"; 0: none): P prefill
+    # and D decode instances, the decode router, the KV link (simulator.pd_link)
+    prefill_replicas: int = 0
+    decode_replicas: int = 0
+    decode_router: str | None = None
+    kv_link_gbps: float = DEFAULT_KV_LINK_GBPS
+    kv_link_latency_ms: float = DEFAULT_KV_LINK_LATENCY_MS
 
     def __post_init__(self) -> None:
         check_fleet(self.replicas, self.router, self.predictor, self.arrivals)
+        check_pd(self)
         if self.kernel not in KERNELS:
             raise ValueError(f"unknown kernel {self.kernel!r} (known: {', '.join(KERNELS)})")
         if self.arrivals.as_recorded:
@@ -132,13 +142,18 @@ class RunConfig:
         d["trace"] = trace_reference(self.trace)        # no absolute paths in shared outputs
         d["predictor_options"]["train_trace"] = trace_reference(self.predictor_options.train_trace)
         if self.replicas == 1:    # keep the config.json of single-engine runs as it was
-            del d["replicas"], d["router"]
+            del d["replicas"]
+            if not self.prefill_replicas:   # a P/D fleet's router places its prefills
+                del d["router"]
         if self.tile is None:     # keep the config.json of untiled runs as it was
             del d["tile"]
         if self.policy_options:
             d["policy_options"] = dict(self.policy_options)
         else:                     # keep the config.json of runs without policy settings as it was
             del d["policy_options"]
+        if not self.prefill_replicas:   # keep the config.json of other runs as it was
+            for key in PD_FIELDS:
+                del d[key]
         if self.goodput:
             d["goodput"] = dict(self.goodput)
         else:                     # keep the config.json of runs without SLOs as it was
@@ -190,6 +205,7 @@ def config_from_record(record: dict) -> RunConfig:
             engine_overrides=tuple(sorted((record.get("engine_overrides") or {}).items())),
             replicas=int(record.get("replicas", 1)), router=record.get("router", DEFAULT_ROUTER),
             policy_options=tuple(sorted((record.get("policy_options") or {}).items())),
+            **{key: record[key] for key in PD_FIELDS if key in record},
             goodput=tuple((k, float(v)) for k, v in parse_goodput(
                 [f"{k}:{v}" for k, v in (record.get("goodput") or {}).items()]).items()))
     except KeyError as exc:
@@ -252,7 +268,7 @@ def check_kv_budget(workload: Trace, config: EngineConfig) -> None:
 RESOLVED_KEYS = ("trace_name", "trace_hash", "trace_path", "requests_used", "policy_settings", "engine_settings",
                  "capacity_req_s", "arrival_rate_req_s", "arrivals_hash", "code_hash", "predictor_settings",
                  "predictor_cost", "engine_config_used", "closed_loop_window", "router_settings",
-                 "kv_blocks_used")
+                 "kv_blocks_used", "decode_router_settings")
 
 
 @dataclass
@@ -303,11 +319,13 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
             window = config.arrivals.window or recorded_window(trace)
     else:
         capacity = measure_capacity(mix if mix is not None else workload, profile, engine_config,
-                                    run=lambda sim: run_simulation(sim, config.kernel, note=config.replicas == 1))
-        capacity *= config.replicas   # N identical replicas: N x one engine's (docs/semantics.md "Fleets")
+                                    run=lambda sim: run_simulation(sim, config.kernel, note=fleet_size(config) == 1))
+        capacity *= fleet_size(config)   # N identical replicas: N x one engine's (docs/semantics.md "Fleets")
         assert config.load is not None   # RunConfig refuses a rate-driven run without a load
         rate = config.load * capacity
         arrival_s = make_arrivals(config.arrivals, workload, rate, config.seed)
+    if config.prefill_replicas:
+        return prepared_pd(config, workload, trace, arrival_s, capacity, rate, engine_config, profile, _prepared_fleet)
     if config.replicas > 1:
         return _prepared_fleet(config, workload, trace, arrival_s, capacity, rate, engine_config, profile)
     # binds the predictor (trains or loads it), so a bad training trace fails before any output
@@ -358,16 +376,18 @@ def run_simulation(sim: Simulation, kernel: str, note: bool = True) -> RunResult
 
 
 def _prepared_fleet(config: RunConfig, workload: Trace, trace: Trace, arrival_s: np.ndarray, capacity: float | None,
-                    rate: float | None, engine_config: EngineConfig, profile) -> Prepared:
+                    rate: float | None, engine_config: EngineConfig, profile, build=None) -> Prepared:
     """The fleet's :class:`Prepared`: on the compiled kernel where one engine of it is compiled
-    (:class:`simulator.compiled_fleet.CompiledFleet`), else the reference engine, never silently."""
+    (:class:`simulator.compiled_fleet.CompiledFleet`), else the reference engine, never silently.
+    ``build``: makes the fleet in place of those (a P/D fleet, :mod:`simulator.pd_config`)."""
 
     def predictor_factory():
         return None if config.predictor == NO_PREDICTOR else make_predictor(config.predictor, config.predictor_options)
 
-    fleet_class = FleetSimulation
-    if config.kernel == "compiled":
-        reason = fleet_unsupported(engine_config, make_policy(config.policy, config.policy_options, config.goodput), predictor_factory(), profile)
+    fleet_class = FleetSimulation if build is None else build
+    if config.kernel == "compiled" and build is None:
+        reason = fleet_unsupported(engine_config, make_policy(config.policy, config.policy_options, config.goodput),
+                                   predictor_factory(), profile)
         if reason is None:
             fleet_class = CompiledFleet
         else:

@@ -64,19 +64,21 @@ class EngineParts:
 
 def build_parts(table: RequestTable, policy: Policy, predictor, cost: PredictorCost | None, profile: EngineProfile,
                 config: EngineConfig, env: simpy.Environment, *, charge_cost: bool, step_clock: bool,
-                log: object | None = None) -> EngineParts:
-    """One engine's parts over its own request table: the single engine's and every fleet replica's
-    (``predictor``: a bound predictor, or a replica's view of one; None: no predictor). The policy
-    sees the table's rows and their request attributes."""
-    if predictor is None:
+                log: object | None = None, driver_cls: type[PredictionDriver] = PredictionDriver,
+                driver: NoPrediction | None = None, scheduler_cls: type[Scheduler] = Scheduler) -> EngineParts:
+    """One engine's parts over its own request table: the single engine's, every fleet replica's and
+    every prefill/decode instance's (``predictor``: a bound predictor, or a replica's view of one;
+    None: no predictor; ``driver``: one made by the caller instead, e.g. a decode instance's carried
+    estimates). The policy sees the table's rows and their request attributes."""
+    if driver is None and predictor is None:
         driver = NoPrediction()
-    else:
+    elif driver is None:
         assert cost is not None   # a predictor always has a cost (FREE at least)
-        driver = PredictionDriver(predictor, cost, table, charge_cost=charge_cost, publish_at_once=step_clock)
+        driver = driver_cls(predictor, cost, table, charge_cost=charge_cost, publish_at_once=step_clock)
     view = SchedulerView(now=0.0, arrival_s=table.arrival, predicted=table.predicted, generated=table.generated,
                          output_kind=driver.output_kind, step=0, last_served=table.last_served,
                          first_predicted=table.first_predicted, attributes=table.attributes, prompt=table.prompt)
     policy.reset(table.n)
-    scheduler = Scheduler(policy, config, table, view, driver.scores_at_arrival and policy.uses_predictions)
+    scheduler = scheduler_cls(policy, config, table, view, driver.scores_at_arrival and policy.uses_predictions)
     driver.start(env)
     return EngineParts(table, scheduler, driver, profile, config, step_clock, log)
