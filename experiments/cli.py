@@ -38,7 +38,7 @@ from experiments.table import load_text, print_table
 from policies import POLICIES
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
-from routers import DEFAULT_ROUTER, MAX_REPLICAS, ROUTERS, serves
+from routers import DECODE_ROUTERS, DEFAULT_ROUTER, MAX_REPLICAS, ROUTERS, serves
 from simulator.compiled import DEFAULT_KERNEL, KERNELS, NOTED_ENV, note_fallback, unsupported
 from simulator.config import KV_BLOCKS_FROM_PROFILE, MAX_TOKEN_BUDGET
 from simulator.engine import EngineConfig, Simulation
@@ -310,6 +310,9 @@ def _routers(args) -> list[str]:
     for name in split_list("--router", args.router):
         names += list(ROUTERS) if name == "all" else [name]
     for name in names:
+        if name in DECODE_ROUTERS and name not in ROUTERS:
+            raise UsageError(f"--router {name} places requests after prefill only (choose from {', '.join(ROUTERS)}, "
+                             "all; a decode router goes to --decode-router)")
         if name not in ROUTERS:
             raise UsageError(f"unknown --router {name!r} (choose from {', '.join(ROUTERS)}, all)")
     names = list(dict.fromkeys(names))
