@@ -18,6 +18,7 @@ from simulator.profiles import make_profile
 
 # the shared fixtures, with their scopes
 _private_cache = baseline_cases._private_cache
+synth_path = baseline_cases.synth_path   # synth_test is built on it
 synth_test = baseline_cases.synth_test
 
 
