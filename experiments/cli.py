@@ -51,7 +51,7 @@ DEFAULT_LOAD = "1x"
 ENGINE_FLAGS = {"max_resident": "max_resident", "decode_slots": "decode_slots",
                 "prefill_budget": "prefill_token_budget", "kv_budget": "kv_token_budget", "wait_cap": "wait_cap",
                 "chunked_prefill": "chunked_prefill", "decodes_in_budget": "decodes_in_budget",
-                "kv_blocks": "kv_blocks", "block_size": "kv_block_size"}
+                "kv_blocks": "kv_blocks", "block_size": "kv_block_size", "prefix_caching": "prefix_caching"}
 DEFAULT_TRACES = ("sharegpt", "sharegpt-lengths")
 DEFAULT_PREDICTOR = "leap-rls"
 # `--predictor all`: FCFS without a predictor, then every registered predictor but the noisy oracle
@@ -71,6 +71,12 @@ def _float(text: str) -> float:
     if value != value or value < 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
     return value
+
+
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return text == "on"
 
 
 def _kv_blocks(text: str) -> int | str:
@@ -124,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "beside the weights): admission by blocks, preemption by recompute when a decode finds "
                         "none free (default: unbounded)")
     p.add_argument("--block-size", type=bounded_int(1, MAX_TOKEN_BUDGET), help="tokens per KV block (default 16)")
+    p.add_argument("--prefix-caching", type=_on_off,
+                   help="on|off: cache full KV blocks by prefix, vLLM V1's (default on wherever --kv-blocks is "
+                        "given, as vLLM; docs/semantics.md 'Prefix caching')")
     p.add_argument("--wait-cap", type=bounded_int(0),
                    help="force a resident request after this many steps without a decode (0 = off; default 128)")
     p.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None,

@@ -28,6 +28,7 @@ from policies.base import Policy, SchedulerView
 from predictors.base import Predictor, PredictorCost
 from simulator.config import EngineConfig
 from simulator.prediction import NoPrediction, PredictionDriver
+from simulator.prefix_cache import PrefixKVBlocks
 from simulator.profiles.base import EngineProfile
 from simulator.requests import NOT_YET, RequestTable
 from simulator.scheduler import Scheduler, SimulationStalled
@@ -105,6 +106,7 @@ class RunResult:
     replicas: int = 1
     balance_max_over_mean: float | None = None   # outstanding true work, max / mean over replicas, at routings
     preemptions: np.ndarray | None = None   # per row, times preempted (KV blocks; None: unbounded KV)
+    cached_tokens: np.ndarray | None = None   # per row, prompt tokens found cached at admission (prefix caching)
 
     @property
     def makespan_s(self) -> float:
@@ -272,7 +274,8 @@ class Simulation:
             step_log=log, output_kind=driver.output_kind,
             mae_in_use=driver.mae_in_use if compiled is None else compiled.mae_in_use,
             contended_steps=scheduler.contended if compiled is None else compiled.contended,
-            preemptions=table.preemptions if self.config.kv_bounded else None)
+            preemptions=table.preemptions if self.config.kv_bounded else None,
+            cached_tokens=scheduler.kv.cached_tokens if isinstance(scheduler.kv, PrefixKVBlocks) else None)
 
     def _step_loop(self, env: simpy.Environment, table: RequestTable, scheduler: Scheduler,
                    driver: NoPrediction, log: StepLog | None, state: dict):

@@ -25,6 +25,7 @@ from simulator.config import EngineConfig
 from simulator.engine import RunResult, check_step_clock, checked_arrivals
 from simulator.fleet_rows import ReplicaRows
 from simulator.prediction import NoPrediction, PredictionDriver
+from simulator.prefix_cache import cached_tokens_of
 from simulator.profiles.base import EngineProfile
 from simulator.requests import RequestTable
 from simulator.scheduler import Batch, Scheduler
@@ -123,6 +124,7 @@ class FleetSimulation:
         n = self.n
         table = RequestTable(self.workload, np.full(n, np.inf), None)
         rows = np.full(n, -1, dtype=np.int64)
+        table.source_rows = rows   # prefix identity (simulator.prefix_cache.BlockKeys) by workload row
         policy = self.make_policy()
         if self.predictors:
             predictor = ReplicaRows(self.predictors[index], rows)
@@ -272,6 +274,7 @@ class FleetSimulation:
             preemptions = np.zeros(n, dtype=np.int64)
             for replica in self.fleet:
                 preemptions[replica.rows[:replica.routed]] = replica.parts.table.preemptions[:replica.routed]
+        cached = cached_tokens_of(self.fleet, n) if self.config.caches_prefixes else None
         drivers = [r.driver for r in self.fleet]
         decodes = sum(getattr(d, "in_use_decodes", 0) for d in drivers)
         error = sum(getattr(d, "in_use_abs_error", 0.0) for d in drivers)
@@ -286,5 +289,5 @@ class FleetSimulation:
             updates_published=sum(d.updates for d in drivers), sim_cpu_s=sim_cpu_s,
             output_kind=drivers[0].output_kind, mae_in_use=error / decodes if decodes else None,
             contended_steps=sum(r.parts.scheduler.contended for r in self.fleet),
-            replica=self.assigned.copy(), replicas=self.replicas, preemptions=preemptions,
+            replica=self.assigned.copy(), replicas=self.replicas, preemptions=preemptions, cached_tokens=cached,
             balance_max_over_mean=self.balance.max_over_mean)

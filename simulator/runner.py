@@ -215,6 +215,9 @@ def engine_config_record(config: EngineConfig) -> dict:
     d = asdict(config)
     if not config.kv_bounded:
         del d["kv_blocks"], d["kv_block_size"]
+    del d["prefix_caching"]
+    if config.kv_bounded:
+        d["prefix_caching"] = config.caches_prefixes
     return d
 
 
