@@ -23,6 +23,7 @@ from typing import Protocol
 import numpy as np
 import simpy
 
+from core.prefix_hashes import check_block_size, native_chains
 from core.trace import Trace
 from policies.base import Policy, SchedulerView
 from predictors.base import Predictor, PredictorCost
@@ -164,6 +165,9 @@ def check_kv_blocks(workload: Trace, config: EngineConfig) -> None:
     if not config.kv_bounded or not len(workload):
         return
     total, size = config.kv_blocks_total, config.kv_block_size
+    chains = native_chains(workload) if config.caches_prefixes else None
+    if chains is not None:   # the trace's prefix blocks must map to --block-size (core.prefix_hashes)
+        check_block_size(chains[2], size, f"trace {workload.name!r}")
     prompt = workload.prompt_tokens.astype(np.int64)
     tokens = prompt + np.maximum(workload.output_tokens.astype(np.int64) - 1, 0)
     for what, need in (("prompt", -(-prompt // size)), ("prompt and output", -(-tokens // size))):
