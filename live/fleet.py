@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from capture import CaptureError
+from routers.snapshot import ReplicaAccounting, WorkSum, work_sum
 
 
 def check_fleet_flags(args) -> None:
@@ -95,43 +96,37 @@ class LiveFleet:
         self.replicas = [ReplicaState(i, be, core) for i, (be, core) in enumerate(zip(backends, cores))]
         self.router, self.predictor, self.prior, self.log = router, predictor, prior, log
         self.assigned: dict[str, int] = {}
+        self.accounting = ReplicaAccounting(len(self.replicas))
 
     # --- what the router reads -------------------------------------------------------------------
     def _view(self):
-        from routers import FleetView
-
+        """The router's view (routers/snapshot.py, as the simulated fleet's): each replica's
+        counters recounted from its engine at the routing instant, only what the router reads."""
         reads = self.router.reads
-        n = len(self.replicas)
-        return FleetView(
-            replicas=n,
-            outstanding=np.array([len(r.live) for r in self.replicas], dtype=np.int64)
-            if reads == "outstanding" else None,
-            work=self._work(predicted=True) if reads == "predicted_work" else None,
-            true_work=self._work(predicted=False) if reads == "true_work" else None)
-
-    def _work(self, predicted: bool) -> np.ndarray:
-        """Outstanding output tokens per replica (docs/semantics.md "Fleets"): max(estimate - generated,
-        1) summed over its unfinished requests; the estimate is the true length, or the replica's own
-        published estimate (its scheduler's, or its hook's not yet taken in), else the routing one."""
-        work = np.zeros(len(self.replicas), dtype=np.float64)
         for r in self.replicas:
-            if not r.live:
-                continue
-            own: dict[str, float] = {}
-            if predicted:
-                sched = _scheduler(r.backend.engine)
-                states = getattr(sched, "_leap_req", {})
-                own = {rid: st.predicted for rid, st in states.items() if not np.isnan(st.first_predicted)}
-                own.update(pending_estimates(r.backend.engine))
-            total = 0.0
-            for rid, st in r.live.items():
-                if predicted:
-                    est = own.get(st["internal"], r.route_estimate[rid])
-                else:
-                    est = float(st["length"])
-                total += max(float(est) - st["n"], 1.0)
-            work[r.index] = total
-        return work
+            running = sum(1 for st in r.live.values() if st["n"] > 0)
+            work = self._work(r, predicted=reads == "predicted_work") if reads in ("predicted_work", "true_work") \
+                else None
+            self.accounting.set_replica(r.index, len(r.live), running, work)
+        return self.accounting.view(reads)
+
+    def _work(self, r: ReplicaState, predicted: bool) -> WorkSum:
+        """A replica's outstanding work (docs/semantics.md "Fleets"): the estimate is the true length,
+        or the replica's own published estimate (its scheduler's, or its hook's not yet taken in),
+        else the routing one."""
+        if not r.live:
+            return WorkSum()
+        states = list(r.live.items())
+        generated = np.array([st["n"] for _, st in states], dtype=np.int64)
+        length = np.array([st["length"] for _, st in states], dtype=np.int64)
+        if not predicted:
+            return work_sum(np.ones(len(states)), generated, length)
+        sched = _scheduler(r.backend.engine)
+        own = {rid: st.predicted for rid, st in getattr(sched, "_leap_req", {}).items()
+               if not np.isnan(st.first_predicted)}
+        own.update(pending_estimates(r.backend.engine))
+        estimate = np.array([own.get(st["internal"], r.route_estimate[rid]) for rid, st in states], dtype=np.float64)
+        return work_sum(estimate, generated, None)
 
     def _routing_estimate(self, length: int) -> float:
         """Prompt-only estimate at routing: the oracle's is the (forced) length, LEAP's the prior."""

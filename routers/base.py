@@ -14,8 +14,9 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-#: What a router reads of the fleet: nothing, requests outstanding, predicted work, true work.
-Reads = Literal["nothing", "outstanding", "predicted_work", "true_work"]
+#: What a router reads of the fleet (routers/snapshot.py): nothing, requests outstanding (with their
+#: waiting / running split), predicted work, true work, KV blocks.
+Reads = Literal["nothing", "outstanding", "predicted_work", "true_work", "kv"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,10 @@ class FleetView:
     outstanding: np.ndarray | None = None     # per replica: routed, not finished (waiting + running)
     work: np.ndarray | None = None            # per replica: predicted outstanding output tokens
     true_work: np.ndarray | None = None       # per replica: true outstanding output tokens (oracle)
+    waiting: np.ndarray | None = None         # per replica: routed, not resident (with ``outstanding``)
+    running: np.ndarray | None = None         # per replica: resident, unfinished (with ``outstanding``)
+    kv_used: np.ndarray | None = None         # per replica: KV blocks held ("kv")
+    kv_free: np.ndarray | None = None         # per replica: KV blocks free, -1 without KV blocks ("kv")
 
 
 class Router(ABC):

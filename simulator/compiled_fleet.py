@@ -23,9 +23,11 @@ import simpy
 from predictors.base import Known
 from simulator.compiled import CHUNK_STEPS, CompiledRun, unsupported
 from simulator.engine import RunResult
-from simulator.fleet import FleetBalance, FleetSimulation, Replica
+from simulator.fleet import FleetSimulation, Replica
 from simulator.fleet_rows import ReplicaRows
 from simulator.kernel_layout import AFTER_STEP, DONE_OR_CHUNK, NEEDS_EVENT, NEEDS_SCORES, PRED_STATIC, UNTIL
+from simulator.replica_table import AccountedTable
+from simulator.requests import RequestTable
 
 
 class CompiledRows(ReplicaRows):
@@ -55,25 +57,23 @@ class CompiledFleet(FleetSimulation):
             raise RuntimeError("a FleetSimulation runs once (its predictors' online state is spent); build a new one")
         self._ran = True
         env = simpy.Environment()   # the replicas' drivers are built on it; nothing runs on it
+        self._start()
         self.fleet = [self._replica(i, env) for i in range(self.replicas)]
         self.runs = [self._compiled(replica) for replica in self.fleet]
         static = self.runs[0].mode == PRED_STATIC
         self.fixed = (self.predictors[0].predict(np.arange(self.n), Known(arrived=0, finished=0)).astype(np.float64)
                       if static else None)
-        self.next_row = 0
-        self.assigned = np.full(self.n, -1, dtype=np.int64)
-        self.route_estimate = np.zeros(self.n, dtype=np.float64)
-        self.balance = FleetBalance()
-        self.router.reset(self.replicas, self.seed)
+        reads = self.router.reads
+        self.recount = (reads == "predicted_work", True)   # (predicted, true) work: the balance reads true work
         started = time.process_time()
         while True:
             until = float(self.arrival[self.next_row]) if self.next_row < self.n else np.inf
-            for run in self.runs:
-                run_until(run, until)
+            landed = [run_until(run, until) for run in self.runs]
             if self.next_row >= self.n:
                 break
-            for replica, run in zip(self.fleet, self.runs):
-                replica.parts.table.finished = run.finished
+            for replica, run, moved in zip(self.fleet, self.runs, landed):
+                if moved:
+                    self._recount(replica, run)
             while self.next_row < self.n and self.arrival[self.next_row] <= until:
                 self._route(self.next_row)
                 self.next_row += 1
@@ -85,6 +85,19 @@ class CompiledFleet(FleetSimulation):
         if done != self.n:
             raise RuntimeError(f"fleet simulation ended with {self.n - done} unfinished requests")
         return self._result(sim_cpu_s)
+
+    def _table(self, index: int) -> RequestTable:
+        """The kernel writes the table in place: only routings reach the accounting as they happen."""
+        return AccountedTable(self.workload, np.full(self.n, np.inf), self.accounting, index, events=False)
+
+    def _recount(self, replica: Replica, run: CompiledRun) -> None:
+        """The replica's counters from what its kernel landed since the last routing."""
+        replica.parts.table.finished = run.finished
+        st = run.st
+        running = int(st.held) - 1 if st.held else int(st.n_res)   # a held step's residents: before it
+        predicted, true = self.recount
+        work = self.replica_work(replica, predicted, true) if predicted or true else None
+        self.accounting.set_replica(replica.index, replica.routed - run.finished, running, work)
 
     def _compiled(self, replica: Replica) -> CompiledRun:
         predictor = CompiledRows(self.predictors[replica.index], replica.rows) if self.predictors else None
@@ -110,14 +123,18 @@ class CompiledFleet(FleetSimulation):
             replica.driver.in_use_abs_error = float(run.st.abs_error)    # type: ignore[attr-defined]
 
 
-def run_until(run: CompiledRun, until: float) -> None:
+def run_until(run: CompiledRun, until: float) -> bool:
     """Run one replica's kernel up to the fleet's next arrival ``until`` (inf: to its last step),
-    doing Python's part of its steps on the way (scores, estimates, feedback, events)."""
+    doing Python's part of its steps on the way (scores, estimates, feedback, events); returns
+    whether anything a router reads may have moved (a step landed, estimates published)."""
     st = run.st
     st.until = until
+    moved = False
     while True:
-        run.advance(CHUNK_STEPS)
+        moved = run.advance(CHUNK_STEPS) > 0 or moved
         status = st.status
+        if status != UNTIL and status != DONE_OR_CHUNK:
+            moved = True
         if status == NEEDS_SCORES:
             run.score_arrivals()
         elif status == AFTER_STEP:
@@ -129,10 +146,11 @@ def run_until(run: CompiledRun, until: float) -> None:
                 while run.pending and run.pending[0][0] < until:
                     at, _, _, what = heapq.heappop(run.pending)
                     run._fire(at, what, before_landing=False)
+                    moved = True
                 run._next_event()
-            return
+            return moved
         elif status == DONE_OR_CHUNK:
             if run.finished == run.table.n:
-                return
+                return moved
         else:
             raise run.stalled()

@@ -20,13 +20,15 @@ import simpy
 from core.trace import Trace
 from policies.base import Policy, SchedulerView
 from predictors.base import Known, Predictor
-from routers.base import FleetView, Router
+from routers.base import Router
+from routers.snapshot import FleetBalance, ReplicaAccounting
 from simulator.config import EngineConfig
 from simulator.engine import RunResult, check_step_clock, checked_arrivals
 from simulator.fleet_rows import ReplicaRows
 from simulator.prediction import NoPrediction, PredictionDriver
 from simulator.prefix_cache import cached_tokens_of
 from simulator.profiles.base import EngineProfile
+from simulator.replica_table import AccountedTable, replica_work
 from simulator.requests import RequestTable
 from simulator.scheduler import Batch, Scheduler
 from simulator.stepping import EngineParts
@@ -53,24 +55,6 @@ class Replica:
             self.lo += 1
         rows = np.arange(self.lo, self.routed)
         return rows[np.isnan(t.finish_s[rows])]
-
-
-@dataclass
-class FleetBalance:
-    """Outstanding true work per replica, sampled at every routing: max / mean, averaged."""
-
-    ratio_sum: float = 0.0
-    samples: int = 0
-
-    def add(self, work: np.ndarray) -> None:
-        mean = float(work.mean())
-        if mean > 0:
-            self.ratio_sum += float(work.max()) / mean
-            self.samples += 1
-
-    @property
-    def max_over_mean(self) -> float | None:
-        return self.ratio_sum / self.samples if self.samples else None
 
 
 class FleetSimulation:
@@ -120,9 +104,13 @@ class FleetSimulation:
             predictor.bind(shown, np.random.default_rng(rng_seed))
         return bound * self.replicas if len(bound) == 1 else bound
 
+    def _table(self, index: int) -> RequestTable:
+        """A replica's request table, reporting to the fleet's accounting as its engine runs."""
+        return AccountedTable(self.workload, np.full(self.n, np.inf), self.accounting, index)
+
     def _replica(self, index: int, env: simpy.Environment) -> Replica:
         n = self.n
-        table = RequestTable(self.workload, np.full(n, np.inf), None)
+        table = self._table(index)
         rows = np.full(n, -1, dtype=np.int64)
         table.source_rows = rows   # prefix identity (simulator.prefix_cache.BlockKeys) by workload row
         policy = self.make_policy()
@@ -148,12 +136,8 @@ class FleetSimulation:
         self._ran = True
         env = simpy.Environment()
         self.env = env
+        self._start()
         self.fleet = [self._replica(i, env) for i in range(self.replicas)]
-        self.next_row = 0
-        self.assigned = np.full(self.n, -1, dtype=np.int64)
-        self.route_estimate = np.zeros(self.n, dtype=np.float64)
-        self.balance = FleetBalance()
-        self.router.reset(self.replicas, self.seed)
         for replica in self.fleet:
             env.process(self._replica_loop(env, replica))
         if self.replicas > 1:   # with one replica the choice cannot depend on the instant it is made
@@ -166,6 +150,16 @@ class FleetSimulation:
             raise RuntimeError(f"fleet simulation ended with {self.n - done} unfinished requests")
         return self._result(sim_cpu_s)
 
+    def _start(self) -> None:
+        """The run's routing state: the accounting the router reads, the assignment, the balance."""
+        kv_total = self.config.kv_blocks_total if self.config.kv_bounded else None
+        self.accounting = ReplicaAccounting(self.replicas, kv_total)
+        self.next_row = 0
+        self.assigned = np.full(self.n, -1, dtype=np.int64)
+        self.route_estimate = np.zeros(self.n, dtype=np.float64)   # per row: the routing estimate (least-work)
+        self.balance = FleetBalance()
+        self.router.reset(self.replicas, self.seed)
+
     # --- the clock -------------------------------------------------------------------------------
     def _sync(self, now: float) -> None:
         """Land every step ending at ``now`` (replica order), then route every arrival up to ``now``."""
@@ -175,6 +169,7 @@ class FleetSimulation:
                 replica.pending = None
                 replica.parts.end(batch, step, start, duration, end)
                 replica.step += 1
+                self._kv_changed(replica)
         while self.next_row < self.n and self.arrival[self.next_row] <= now:
             self._route(self.next_row)
             self.next_row += 1
@@ -191,6 +186,7 @@ class FleetSimulation:
                 yield env.timeout(self.arrival[self.next_row] - now)   # wake at the fleet's next arrival
                 continue
             batch, duration = parts.begin(now, arrived, replica.step)
+            self._kv_changed(replica)
             replica.pending = (batch, replica.step, now, duration, now + duration)
             yield env.timeout(duration)
 
@@ -204,17 +200,17 @@ class FleetSimulation:
             self._sync(env.now)
 
     # --- routing ---------------------------------------------------------------------------------
+    def _kv_changed(self, replica: Replica) -> None:
+        kv = replica.parts.scheduler.kv
+        if kv is not None:
+            self.accounting.set_kv(replica.index, kv.used)
+
     def _route(self, row: int) -> None:
+        """Route ``row``: the router reads the accounting (only what it declares), the request
+        joins its replica's table, attributes included, and the accounting."""
         reads = self.router.reads
-        if reads == "predicted_work":
-            self.route_estimate[row] = self._routing_estimate(row)
-        view = FleetView(
-            replicas=self.replicas,
-            outstanding=np.array([r.routed - r.parts.table.finished for r in self.fleet], dtype=np.int64)
-            if reads == "outstanding" else None,
-            work=self._work(predicted=True) if reads == "predicted_work" else None,
-            true_work=self._work(predicted=False) if reads == "true_work" else None)
-        index = self.router.choose(row, view)
+        estimate = self._routing_estimate(row) if reads == "predicted_work" else 0.0
+        index = self.router.choose(row, self._view(reads))
         if not 0 <= index < self.replicas:
             raise RuntimeError(f"router {self.router.name!r} chose replica {index} of {self.replicas}")
         replica = self.fleet[index]
@@ -226,34 +222,38 @@ class FleetSimulation:
         if table.fill is not table.prompt:   # KV blocks: a preemption gave the table its own prefill sizes
             table.fill[k], table.fill_sq[k] = table.prompt[k], table.prompt_sq[k]
         table.length[k] = self.length[row]
+        table.route_estimate[k] = self.route_estimate[row] = estimate   # type: ignore[attr-defined]
         replica.routed += 1
         self.assigned[row] = index
-        self.balance.add(self._work(predicted=False))
+        self._joined(replica, k)
+        self.balance.add(self.accounting)
+
+    def _view(self, reads: str):
+        """What the router reads: the accounting's fields it declares."""
+        return self.accounting.view(reads)
+
+    def _joined(self, replica: Replica, k: int) -> None:
+        """Local row ``k`` of ``replica`` was routed: the accounting takes it in."""
+        replica.parts.table.routed(k)   # type: ignore[attr-defined]
 
     def _routing_estimate(self, row: int) -> float:
         """The prompt-only estimate the router reads until the replica's own estimate exists."""
         predictor = self.predictors[0]
         if predictor.router_estimate() == "prompt":
-            finished = sum(r.parts.table.finished for r in self.fleet)
+            finished = self.n_finished()
             return float(predictor.predict(np.array([row]), Known(arrived=row + 1, finished=finished))[0])
         return float(predictor.prior_length)
 
-    def _work(self, predicted: bool) -> np.ndarray:
-        """Outstanding output tokens per replica: each unfinished request's estimate (or true length)
-        less its generated tokens, at least 1 (it has a token to go)."""
-        work = np.zeros(self.replicas, dtype=np.float64)
-        for replica in self.fleet:
-            t, rows = replica.parts.table, replica.unfinished()
-            if not len(rows):
-                continue
-            if predicted:
-                own = ~np.isnan(t.ready_s[rows])
-                kept = t.predicted if replica.estimates is None else replica.estimates
-                estimate = np.where(own, kept[rows], self.route_estimate[replica.rows[rows]])
-            else:
-                estimate = t.length[rows].astype(np.float64)
-            work[replica.index] = float(np.maximum(estimate - t.generated[rows], 1.0).sum())
-        return work
+    def n_finished(self) -> int:
+        """Requests finished in the whole fleet so far."""
+        return sum(r.parts.table.finished for r in self.fleet)
+
+    def replica_work(self, replica: Replica, predicted: bool = True, true: bool = True):
+        """One replica's work recounted from its table (what the accounting holds for it)."""
+        table = replica.parts.table
+        estimates = table.predicted if replica.estimates is None else replica.estimates
+        return replica_work(table, replica.unfinished(), estimates, table.route_estimate,  # type: ignore[attr-defined]
+                            predicted, true)
 
     # --- the result ------------------------------------------------------------------------------
     def _result(self, sim_cpu_s: float) -> RunResult:
