@@ -8,11 +8,18 @@ from typing import Any
 import numpy as np
 
 from routers.base import FleetView, Router
+from routers.kv_cost import KvCost
+from routers.kv_utilization import KvUtilization
 from routers.least_requests import LeastRequests
 from routers.least_work import LeastWork
 from routers.oracle_work import OracleWork
 from routers.power_of_two import PowerOfTwo
+from routers.precise_prefix import PrecisePrefix
+from routers.prefix_affinity import PrefixAffinity
+from routers.queue_depth import QueueDepth
 from routers.round_robin import RoundRobin
+from routers.vllm_dp import VllmDp
+from routers.weighted import Weighted
 
 ROUTERS: dict[str, type[Router]] = {
     "round-robin": RoundRobin,
@@ -20,6 +27,14 @@ ROUTERS: dict[str, type[Router]] = {
     "power-of-two": PowerOfTwo,
     "least-work": LeastWork,
     "oracle-work": OracleWork,
+    # cache- and KV-aware (docs/semantics.md "Cache-aware routers"); settings: --router NAME:K=V,...
+    "prefix-affinity": PrefixAffinity,
+    "precise-prefix": PrecisePrefix,
+    "kv-utilization": KvUtilization,
+    "queue-depth": QueueDepth,
+    "vllm-dp": VllmDp,
+    "weighted": Weighted,
+    "kv-cost": KvCost,
 }
 
 DEFAULT_ROUTER = "round-robin"
@@ -33,8 +48,8 @@ def check_router(replicas: int, router: str, predictors: Mapping[str, Any], pred
     predictor (looked up in the registry ``predictors``) that can serve it."""
     if isinstance(replicas, bool) or not isinstance(replicas, (int, np.integer)) or not 1 <= replicas <= MAX_REPLICAS:
         raise ValueError(f"--replicas must be an integer from 1 to {MAX_REPLICAS}, got {replicas!r}")
-    if router not in ROUTERS:
-        raise ValueError(f"unknown --router {router!r} (choose from {', '.join(ROUTERS)})")
+    make_router(router)   # a known name, settings it accepts
+    router = router.partition(":")[0]
     if ROUTERS[router].reads == "predicted_work":
         cls = predictors.get(predictor)
         if cls is None or cls.router_estimate() is None:
@@ -43,11 +58,26 @@ def check_router(replicas: int, router: str, predictors: Mapping[str, Any], pred
                              f"(choose from {able})")
 
 
-def make_router(name: str) -> Router:
+def make_router(spec: str) -> Router:
+    """``NAME`` or ``NAME:SETTINGS`` (``weighted:precise-prefix=2,queue-depth=1``), configured."""
+    name, _, args = spec.partition(":")
     try:
-        return ROUTERS[name]()
+        router = ROUTERS[name]()
     except KeyError:
         raise ValueError(f"unknown --router {name!r} (choose from {', '.join(ROUTERS)})") from None
+    router.configure(args)
+    return router
 
 
-__all__ = ["DEFAULT_ROUTER", "MAX_REPLICAS", "ROUTERS", "FleetView", "Router", "check_router", "make_router"]
+def check_router_cache(spec: str, kv_blocks: bool, prefix_caching: bool) -> None:
+    """A router reading KV blocks or the replicas' prefix caches on a run that models none: refused."""
+    router = make_router(spec)
+    if router.needs_cache and not prefix_caching:
+        raise ValueError(f"--router {spec} reads the replicas' prefix caches: give --kv-blocks (prefix caching "
+                         "is on with it unless --prefix-caching off)")
+    if router.needs_kv and not kv_blocks:
+        raise ValueError(f"--router {spec} reads KV blocks: give --kv-blocks N (or profile)")
+
+
+__all__ = ["DEFAULT_ROUTER", "MAX_REPLICAS", "ROUTERS", "FleetView", "Router", "check_router", "check_router_cache",
+           "make_router"]

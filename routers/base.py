@@ -16,7 +16,9 @@ import numpy as np
 
 #: What a router reads of the fleet (routers/snapshot.py): nothing, requests outstanding (with their
 #: waiting / running split), predicted work, true work, KV blocks.
-Reads = Literal["nothing", "outstanding", "predicted_work", "true_work", "kv"]
+#: "prefix": outstanding + the arriving request's prompt block keys (routers/cache_view.py); "cache":
+#: that + KV blocks + each replica's cached blocks of the request + its expected output.
+Reads = Literal["nothing", "outstanding", "predicted_work", "true_work", "kv", "prefix", "cache"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,14 @@ class FleetView:
     running: np.ndarray | None = None         # per replica: resident, unfinished (with ``outstanding``)
     kv_used: np.ndarray | None = None         # per replica: KV blocks held ("kv")
     kv_free: np.ndarray | None = None         # per replica: KV blocks free, -1 without KV blocks ("kv")
+    # the arriving request ("prefix", "cache"; routers/cache_view.py)
+    prompt_keys: list | None = None           # its prompt's full blocks' keys at the block size
+    hits: np.ndarray | None = None            # per replica: of those, the leading ones cached there ("cache")
+    kv_total: int | None = None               # blocks per replica ("cache")
+    block_size: int = 16
+    expected_output: float | None = None      # its predicted output (the prior without one) ("cache")
+    now: float = 0.0                          # the routing instant (seconds)
+    snapshot_at: float = 0.0                  # when the replicas' counters were taken (lag)
 
 
 class Router(ABC):
@@ -38,6 +48,14 @@ class Router(ABC):
 
     name: ClassVar[str]
     reads: ClassVar[Reads] = "nothing"
+    needs_kv: ClassVar[bool] = False       # reads KV blocks: refused on a run without --kv-blocks
+    needs_cache: ClassVar[bool] = False    # reads replicas' prefix caches: refused without one
+    lag: float = 0.0                       # seconds the replicas' counters may lag ("prefix"/"cache" reads)
+
+    def configure(self, args: str) -> None:
+        """``--router NAME:ARGS``: a router taking settings parses them here (one line, ValueError)."""
+        if args:
+            raise ValueError(f"--router {self.name} takes no settings, got {args!r}")
 
     def reset(self, replicas: int, seed: int) -> None:
         """Called once before a run routes its first request (state, RNG)."""

@@ -24,6 +24,7 @@ from routers.base import Router
 from routers.snapshot import FleetBalance, ReplicaAccounting
 from simulator.config import EngineConfig
 from simulator.engine import RunResult, check_step_clock, checked_arrivals
+from simulator.fleet_cache import CacheView
 from simulator.fleet_rows import ReplicaRows
 from simulator.prediction import NoPrediction, PredictionDriver
 from simulator.prefix_cache import cached_tokens_of
@@ -210,7 +211,7 @@ class FleetSimulation:
         joins its replica's table, attributes included, and the accounting."""
         reads = self.router.reads
         estimate = self._routing_estimate(row) if reads == "predicted_work" else 0.0
-        index = self.router.choose(row, self._view(reads))
+        index = self.router.choose(row, self._cache_view(row, reads) if reads in ("prefix", "cache") else self._view(reads))
         if not 0 <= index < self.replicas:
             raise RuntimeError(f"router {self.router.name!r} chose replica {index} of {self.replicas}")
         replica = self.fleet[index]
@@ -227,6 +228,12 @@ class FleetSimulation:
         self.assigned[row] = index
         self._joined(replica, k)
         self.balance.add(self.accounting)
+
+    def _cache_view(self, row: int, reads: str):
+        """A cache-aware router's view (simulator/fleet_cache.py), made once per run."""
+        if getattr(self, "cache_view", None) is None:
+            self.cache_view = CacheView(self)
+        return self.cache_view.view(row, reads)
 
     def _view(self, reads: str):
         """What the router reads: the accounting's fields it declares."""

@@ -35,11 +35,14 @@ class BlockKeys:
         """The keys of the row's first ``count`` blocks."""
         source = self.table.source_rows
         request = int(source[row]) if source is not None else row   # the workload's row (a fleet's replica)
+        return self.of_request(request, int(self.prompt[row]), count)
+
+    def of_request(self, request: int, prompt: int, count: int) -> list[int]:
+        """The keys of the first ``count`` blocks of the workload's row ``request`` (``prompt`` tokens)."""
         named = np.empty(0, dtype=np.int64)
         if self.chains is not None:
             offsets, hashes, native = self.chains
-            named = block_keys(hashes[offsets[request]:offsets[request + 1]], native, self.size,
-                               int(self.prompt[row]))[:count]
+            named = block_keys(hashes[offsets[request]:offsets[request + 1]], native, self.size, prompt)[:count]
         if len(named) >= count:
             return named.tolist()
         return named.tolist() + own_keys(request, len(named), count).tolist()
@@ -65,6 +68,24 @@ class PrefixKVBlocks(KVBlocks):
     @property
     def free(self) -> int:
         return len(self.queue)
+
+    @property
+    def used(self) -> int:
+        """Blocks with a holder (shared ones once); the pool counts them itself."""
+        return self.total - len(self.queue)
+
+    @used.setter
+    def used(self, value: int) -> None:
+        pass   # KVBlocks' own count is not kept here
+
+    def hit_blocks(self, keys: list[int]) -> int:
+        """How many of ``keys`` (a request's blocks from the first) are cached here, stopping at the first miss."""
+        count = 0
+        for key in keys:
+            if key not in self.cached:
+                break
+            count += 1
+        return count
 
     def _evict(self, block: int) -> None:
         key = self.name[block]
