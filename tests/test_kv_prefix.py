@@ -169,3 +169,23 @@ def test_bad_prefix_flags_are_one_line_exit_2(tmp_path, capsys, flags, names):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and names in err[0], err
     assert not out.exists()
+
+
+def test_capture_records_prefix_hashes_from_token_ids():
+    """capture-traces' request table (capture/schema.py gen_table) carries each prompt's chained
+    16-token block hashes, from its token ids alone; the contract accepts them."""
+    from types import SimpleNamespace
+
+    from capture.schema import PREFIX_BLOCK, gen_table
+    from core.trace_checks import validate_table
+
+    ids = {"a": list(range(40)), "b": list(range(32)) + [5] * 3, "c": [1] * 15}
+    fins = [SimpleNamespace(request=SimpleNamespace(request_id=k, prompt_token_ids=v), output_tokens=3,
+                            finish_reason="stop", arrival_s=0.0, token_times_s=[0.1, 0.2, 0.3], last={})
+            for k, v in ids.items()]
+    by_id = {k: SimpleNamespace(request_id=k, domain="d", prompt_id=k, text="", keep_text=False) for k in ids}
+    table = gen_table(fins, by_id, {}, 8, [], [], 4, False)
+    hashes = table.column("prefix_hashes").to_pylist()
+    assert hashes == [token_block_hashes(v, PREFIX_BLOCK) for v in ids.values()]
+    assert len(hashes[0]) == 2 and hashes[1] == hashes[0] and hashes[2] == []
+    validate_table(table, {"schema_version": 1, "hidden_size": 4, "prefix_block_size": PREFIX_BLOCK}, Path("t"))
