@@ -28,13 +28,12 @@ class KvCost(Router):
             raise ValueError(f"--router {self.name}: unknown setting {next(iter(given))!r} (overlap, lag)")
 
     def cost(self, view: FleetView) -> np.ndarray:
-        assert view.hits is not None and view.kv_used is not None and view.prompt_keys is not None
-        assert view.expected_output is not None
-        size = view.block_size
-        prompt_blocks = len(view.prompt_keys)
-        prefill = np.maximum(prompt_blocks - view.hits, 0)
-        own = math.ceil((prompt_blocks * size + view.expected_output) / size)
-        return self.overlap * prefill + view.kv_used + own
+        size, keys = view.block_size, view.prompt_keys or []
+        hits = view.hits if view.hits is not None else np.zeros(view.replicas, dtype=np.int64)
+        held = view.kv_used if view.kv_used is not None else np.zeros(view.replicas, dtype=np.int64)
+        prefill = np.maximum(len(keys) - hits, 0)
+        own = math.ceil((len(keys) * size + (view.expected_output or 0.0)) / size)
+        return self.overlap * prefill + held + own
 
     def choose(self, row: int, view: FleetView) -> int:
         return best(-self.cost(view), view.outstanding)

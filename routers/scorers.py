@@ -30,15 +30,18 @@ def queue_depth(view: FleetView) -> np.ndarray:
 
 
 def kv_utilization(view: FleetView) -> np.ndarray:
-    """1 - the share of the replica's KV blocks held."""
-    assert view.kv_used is not None and view.kv_total
+    """1 - the share of the replica's KV blocks held (all 1 where no KV blocks are modelled: the CLI
+    refuses such a run, a fleet built in code ties)."""
+    if view.kv_used is None or not view.kv_total:
+        return np.ones(view.replicas)
     return 1.0 - view.kv_used / float(view.kv_total)
 
 
 def precise_prefix(view: FleetView) -> np.ndarray:
-    """The share of the request's prompt blocks cached at the replica (its actual cache)."""
-    assert view.hits is not None and view.prompt_keys is not None
-    return view.hits / float(max(len(view.prompt_keys), 1))
+    """The share of the request's prompt blocks cached at the replica (its actual cache; 0 without one)."""
+    if view.hits is None or not view.prompt_keys:
+        return np.zeros(view.replicas)
+    return view.hits / float(len(view.prompt_keys))
 
 
 def _spread(values: np.ndarray) -> np.ndarray:
