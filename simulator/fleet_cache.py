@@ -29,7 +29,7 @@ class CacheView:
 
     def view(self, row: int, reads: str) -> FleetView:
         fleet = self.fleet
-        now = float(fleet.env.now)
+        now = float(fleet.arrival[row])   # a request is routed at its arrival instant
         current = fleet.accounting.view(reads)
         if self.counters is None or now >= self.taken_at + self.lag or self.lag <= 0:
             self.counters, self.taken_at = current, now

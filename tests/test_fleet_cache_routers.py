@@ -4,7 +4,11 @@ the command line (docs/examples/prefix-three-requests.jsonl)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -138,3 +142,19 @@ def test_bad_router_input_is_one_line_exit_2(tmp_path, capsys, router, flags, fr
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and fragment in err[0], err
     assert not out.exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba is not installed")
+@pytest.mark.parametrize("router", ["queue-depth", "prefix-affinity", "vllm-dp:lag=0.5"])
+def test_routers_without_kv_blocks_run_compiled_byte_for_byte(tmp_path, router):
+    """A fleet without KV blocks runs compiled; the routers reading the counters and the prompt's
+    keys route the same on both kernels (a subprocess: numba stays out of the test process)."""
+    outs = []
+    for kernel in ("reference", "compiled"):
+        out = tmp_path / kernel
+        argv = ["--trace", "sharegpt", "--requests", "300", "--replicas", "4", "--router", router, "--predictor",
+                "none", "--load", "1.2x", "--kernel", kernel, "--quiet", "--out", str(out)]
+        subprocess.run([sys.executable, "-c", f"from experiments.cli import main; raise SystemExit(main({argv!r}))"],
+                       check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+        outs.append((out / "requests.parquet").read_bytes())
+    assert outs[0] == outs[1]
