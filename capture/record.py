@@ -325,6 +325,7 @@ def _metadata(args, model_dir, cfg, run_config, template, skipped, *, complete: 
     """The trace's metadata (docs/traces.md) for this recording."""
     from .model import model_id
     from .prompts import source_name
+    from .schema import PREFIX_BLOCK
 
     meta = {
         "schema_version": SCHEMA_VERSION,
@@ -359,6 +360,7 @@ def _metadata(args, model_dir, cfg, run_config, template, skipped, *, complete: 
         "run_config": run_config,
         "complete": complete,
         "planned_requests": planned,
+        "prefix_block_size": PREFIX_BLOCK,   # the prefix_hashes column (capture/schema.py)
     }
     if run_config["prefill_features"]:
         from .features import encoder_info

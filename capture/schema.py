@@ -5,7 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from core.prefix_hashes import token_block_hashes
 from core.trace import vector_array
+
+#: tokens per block of the recorded ``prefix_hashes`` (vLLM's default block size; docs/traces.md)
+PREFIX_BLOCK = 16
 
 ENC_DIM = 384
 
@@ -13,7 +17,7 @@ ENC_DIM = 384
 def gen_table(fins, by_id, ref_len, max_tokens, names, layers, hidden, keep_text) -> pa.Table:
     rows: dict[str, list] = {k: [] for k in ("request_id", "domain", "prompt_id", "prompt_text", "prompt_tokens",
                             "output_tokens", "finish_reason", "max_tokens", "arrival_s", "ttft_s",
-                            "e2e_s", "token_times_s", "reference_output_tokens")}
+                            "e2e_s", "token_times_s", "reference_output_tokens", "prefix_hashes")}
     vecs: dict[str, list] = {n: [] for n in names}
     for f in fins:
         p = by_id[f.request.request_id]
@@ -31,6 +35,7 @@ def gen_table(fins, by_id, ref_len, max_tokens, names, layers, hidden, keep_text
         rows["e2e_s"].append(tt[-1] if tt else None)
         rows["token_times_s"].append(tt or None)
         rows["reference_output_tokens"].append(ref_len.get(p.request_id))
+        rows["prefix_hashes"].append(token_block_hashes(f.request.prompt_token_ids, PREFIX_BLOCK))
         for n, k in zip(names, layers):
             vecs[n].append(f.last[k])
     arrays = [
@@ -47,6 +52,7 @@ def gen_table(fins, by_id, ref_len, max_tokens, names, layers, hidden, keep_text
         pa.array(rows["e2e_s"], pa.float64()),
         pa.array(rows["token_times_s"], pa.list_(pa.float64())),
         pa.array(rows["reference_output_tokens"], pa.int32()),
+        pa.array(rows["prefix_hashes"], pa.list_(pa.int64())),
     ]
     cols = list(rows)
     for n in names:

@@ -38,6 +38,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from core.contract import MAX_REQUEST_TOKENS, METADATA_KEY, REQUIRED_COLUMNS, SCHEMA_VERSION, TraceError
+from core.prefix_hashes import COLUMN as PREFIX_COLUMN
+from core.prefix_hashes import META_KEY as PREFIX_META
+from core.prefix_hashes import MOONCAKE_BLOCK, read_hash_ids
 from core.rows import check_times
 
 IMPORT_VERSION = 1
@@ -60,6 +63,8 @@ class Columns:
     output_tokens: np.ndarray
     arrival_s: np.ndarray | None     # float64 seconds (any origin), or None
     time_column: str | None = None   # which column the times came from (metadata)
+    prefix_hashes: list | None = None   # per row, chained block hashes (core.prefix_hashes), or None
+    prefix_block_size: int | None = None
 
 
 def _source_of(path: Path) -> str:
@@ -168,8 +173,8 @@ def read_azure(path: Path) -> Columns:
 
 def read_mooncake(path: Path) -> Columns:
     """Mooncake (kvcache-ai/Mooncake, FAST'25) JSON lines: ``timestamp`` in milliseconds from the
-    trace's start, ``input_length``, ``output_length`` (``hash_ids``, the prefix-block hashes, is
-    not read)."""
+    trace's start, ``input_length``, ``output_length`` and, where given, ``hash_ids`` (the prompt's
+    512-token blocks; :func:`core.prefix_hashes.read_hash_ids` chains them into ``prefix_hashes``)."""
     import pyarrow.json as pajson
 
     schema = pa.schema([(name, pa.float64() if name == "timestamp" else pa.int64()) for name in MOONCAKE_FIELDS])
@@ -180,9 +185,12 @@ def read_mooncake(path: Path) -> Columns:
         _refuse_first_bad_record(path)
         raise TraceError(f"trace {path}: not readable JSON lines ({str(exc).splitlines()[0]})") from None
     source = _source_of(path).removesuffix("-trace")
-    return Columns(source=source, prompt_tokens=_counts(path, table, "input_length"),
+    prompt = _counts(path, table, "input_length")
+    hashes = read_hash_ids(path, prompt)
+    return Columns(source=source, prompt_tokens=prompt,
                    output_tokens=_counts(path, table, "output_length"),
-                   arrival_s=_seconds(path, table, "timestamp", MOONCAKE_UNITS_PER_S), time_column="timestamp")
+                   arrival_s=_seconds(path, table, "timestamp", MOONCAKE_UNITS_PER_S), time_column="timestamp",
+                   prefix_hashes=hashes, prefix_block_size=MOONCAKE_BLOCK if hashes is not None else None)
 
 
 def _refuse_first_bad_record(path: Path) -> None:
@@ -354,8 +362,14 @@ def columns_to_table(path: Path, fmt: str, cols: Columns) -> ImportedTable:
             "import": {"format": fmt, "file": path.name, "source": cols.source, "rows": total,
                        "dropped_zero_tokens": dropped, "time_column": cols.time_column,
                        "max_tokens": "largest output of the file", "version": IMPORT_VERSION}}
-    table = pa.table(columns)
     digest = hashlib.sha256(f"leap.trace.import/{IMPORT_VERSION}|{fmt}|{cols.source}|{total}|{cap}|".encode())
+    if cols.prefix_hashes is not None:   # prefix identity (docs/traces.md "Prefix hashes")
+        kept = [cols.prefix_hashes[r] for r in rows.tolist()]
+        columns[PREFIX_COLUMN] = pa.array(kept, pa.list_(pa.int64()))
+        meta[PREFIX_META] = cols.prefix_block_size
+        digest.update(f"{PREFIX_META}={cols.prefix_block_size}|".encode())
+        digest.update(np.asarray([h for chain in kept for h in chain] + [len(c) for c in kept], np.int64).tobytes())
+    table = pa.table(columns)
     for array in (rows, prompt, output) + (() if arrival is None else (arrival,)):
         digest.update(np.ascontiguousarray(array).tobytes())
     name = path.name.rsplit(".", 1)[0]

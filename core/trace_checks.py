@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from core.contract import MAX_REQUEST_TOKENS, METADATA_KEY, REQUIRED_COLUMNS, SCHEMA_VERSION, TraceError
+from core.prefix_hashes import check_column as check_prefix_column
 from core.rows import check_vectors
 
 OPTIONAL_SCALAR_COLUMNS: dict[str, str] = {
@@ -199,6 +200,7 @@ def validate_table(table: pa.Table, meta: dict, path: Path) -> None:
                 row = _first_true(bad)
                 raise TraceError(f"trace {path}: column {column}: row {row}: {values[row]} is not a finite, "
                                  f"non-negative time")
+    check_prefix_column(table, meta, f"trace {path}")
     hidden = meta.get("hidden_size")
     for column in FEATURE_COLUMNS:
         if column not in table.column_names:

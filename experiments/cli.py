@@ -38,7 +38,7 @@ from experiments.table import load_text, print_table
 from policies import POLICIES
 from predictors import PREDICTORS
 from predictors.base import PredictorOptions
-from routers import DECODE_ROUTERS, DEFAULT_ROUTER, MAX_REPLICAS, ROUTERS, serves
+from routers import DECODE_ROUTERS, DEFAULT_ROUTER, MAX_REPLICAS, ROUTERS, check_router_cache, serves
 from simulator.compiled import DEFAULT_KERNEL, KERNELS, NOTED_ENV, note_fallback, unsupported
 from simulator.config import KV_BLOCKS_FROM_PROFILE, MAX_TOKEN_BUDGET
 from simulator.engine import EngineConfig, Simulation
@@ -53,7 +53,7 @@ DEFAULT_LOAD = "1x"
 ENGINE_FLAGS = {"max_resident": "max_resident", "decode_slots": "decode_slots",
                 "prefill_budget": "prefill_token_budget", "kv_budget": "kv_token_budget", "wait_cap": "wait_cap",
                 "chunked_prefill": "chunked_prefill", "decodes_in_budget": "decodes_in_budget",
-                "kv_blocks": "kv_blocks", "block_size": "kv_block_size"}
+                "kv_blocks": "kv_blocks", "block_size": "kv_block_size", "prefix_caching": "prefix_caching"}
 DEFAULT_TRACES = ("sharegpt", "sharegpt-lengths")
 DEFAULT_PREDICTOR = "leap-rls"
 # `--predictor all`: FCFS without a predictor, then every registered predictor but the noisy oracle
@@ -73,6 +73,12 @@ def _float(text: str) -> float:
     if value != value or value < 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
     return value
+
+
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return text == "on"
 
 
 def _kv_blocks(text: str) -> int | str:
@@ -126,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "beside the weights): admission by blocks, preemption by recompute when a decode finds "
                         "none free (default: unbounded)")
     p.add_argument("--block-size", type=bounded_int(1, MAX_TOKEN_BUDGET), help="tokens per KV block (default 16)")
+    p.add_argument("--prefix-caching", type=_on_off,
+                   help="on|off: cache full KV blocks by prefix, vLLM V1's (default on wherever --kv-blocks is "
+                        "given, as vLLM; docs/semantics.md 'Prefix caching')")
     p.add_argument("--wait-cap", type=bounded_int(0),
                    help="force a resident request after this many steps without a decode (0 = off; default 128)")
     p.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
@@ -283,8 +292,9 @@ def _configs(args) -> list[RunConfig]:
     configs, planned = [], set()
     seeds = range(args.seed, args.seed + args.seeds)
     for seed, load, predictor, policy, router in itertools.product(seeds, loads, predictors, policies, routers):
-        if router not in named and not serves(router, PREDICTORS.get(predictor)):
-            continue   # 'all': the routers this predictor can serve
+        if router not in named and (not serves(router, PREDICTORS.get(predictor))
+                                    or not has_what_it_reads(router, engine_config)):
+            continue   # 'all': the routers this predictor and this engine can serve
         if policy is None:   # default: FCFS without a predictor, countdown with one
             policy = "fcfs" if predictor == NO_PREDICTOR else "countdown"
         if predictor == NO_PREDICTOR and POLICIES[policy].uses_predictions:
@@ -303,13 +313,26 @@ def _configs(args) -> list[RunConfig]:
     return configs
 
 
+def has_what_it_reads(router: str, engine_config: EngineConfig) -> bool:
+    """Whether a run of ``engine_config`` models what ``router`` reads (KV blocks, prefix caches)."""
+    try:
+        check_router_cache(router, engine_config.kv_bounded, engine_config.caches_prefixes)
+    except ValueError:
+        return False
+    return True
+
+
 def _routers(args) -> list[str]:
     """``--router``: a comma list of router names, or ``all``; one replica routes nothing, so it
     plans one run (the names still checked)."""
     names: list[str] = []
-    for name in split_list("--router", args.router):
-        names += list(ROUTERS) if name == "all" else [name]
-    for name in names:
+    for item in split_list("--router", args.router):
+        if "=" in item and ":" not in item and names:   # a router's next setting: weighted:a=2,b=1
+            names[-1] += "," + item
+            continue
+        names += list(ROUTERS) if item == "all" else [item]
+    for spec in names:
+        name = spec.partition(":")[0]
         if name in DECODE_ROUTERS and name not in ROUTERS:
             raise UsageError(f"--router {name} places requests after prefill only (choose from {', '.join(ROUTERS)}, "
                              "all; a decode router goes to --decode-router)")

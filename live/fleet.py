@@ -31,7 +31,7 @@ from routers.snapshot import ReplicaAccounting, WorkSum, work_sum
 def check_fleet_flags(args) -> None:
     """The fleet's flags, before any file is read or an engine starts (one line, exit 2)."""
     from predictors import PREDICTORS
-    from routers import check_router
+    from routers import ROUTERS, check_router
 
     if args.replicas == 1 and args.router is None:
         return
@@ -47,6 +47,9 @@ def check_fleet_flags(args) -> None:
         check_router(args.replicas, args.router or "round-robin", PREDICTORS, args.predictor)
     except ValueError as e:
         raise CaptureError(str(e)) from None
+    if ROUTERS[(args.router or "round-robin").partition(":")[0]].reads in ("prefix", "cache"):
+        raise CaptureError(f"--router {args.router}: the cache-aware routers read the simulator's prefix caches "
+                           "and block keys, which a live fleet does not report yet")
 
 
 def replica_cores(threads: str | None, replicas: int) -> list[str | None]:

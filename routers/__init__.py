@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 
 from routers.base import ESTIMATE_READS, FleetView, Router
+from routers.kv_cost import KvCost
+from routers.kv_utilization import KvUtilization
 from routers.least_kv import LeastKV
 from routers.least_predicted_kv import LeastPredictedKV
 from routers.least_requests import LeastRequests
@@ -15,7 +17,12 @@ from routers.least_work import LeastWork
 from routers.oracle_kv import OracleKV
 from routers.oracle_work import OracleWork
 from routers.power_of_two import PowerOfTwo
+from routers.precise_prefix import PrecisePrefix
+from routers.prefix_affinity import PrefixAffinity
+from routers.queue_depth import QueueDepth
 from routers.round_robin import RoundRobin
+from routers.vllm_dp import VllmDp
+from routers.weighted import Weighted
 
 #: Every router by CLI name; each declares where it may place requests (``Router.stages``).
 ALL_ROUTERS: dict[str, type[Router]] = {
@@ -24,9 +31,18 @@ ALL_ROUTERS: dict[str, type[Router]] = {
     "power-of-two": PowerOfTwo,
     "least-work": LeastWork,
     "oracle-work": OracleWork,
+    # decode routers of a prefill/decode fleet (docs/semantics.md "Prefill/decode disaggregation")
     "least-kv": LeastKV,
     "least-predicted-kv": LeastPredictedKV,
     "oracle-kv": OracleKV,
+    # cache- and KV-aware (docs/semantics.md "Cache-aware routers"); settings: --router NAME:K=V,...
+    "prefix-affinity": PrefixAffinity,
+    "precise-prefix": PrecisePrefix,
+    "kv-utilization": KvUtilization,
+    "queue-depth": QueueDepth,
+    "vllm-dp": VllmDp,
+    "weighted": Weighted,
+    "kv-cost": KvCost,
 }
 #: Routers placing arrivals (``--router``); routers placing prefilled requests on decode instances
 #: of a prefill/decode fleet (``--decode-router``).
@@ -54,14 +70,17 @@ def check_router(replicas: int, router: str, predictors: Mapping[str, Any], pred
     check_stage_router("--router", "arrival", router, predictors, predictor)
 
 
-def check_stage_router(flag: str, stage: str, router: str, predictors: Mapping[str, Any], predictor: str) -> None:
-    """A router given by ``flag`` for placements at ``stage``: known, able to place there, and for one
-    reading estimates a predictor (in the registry ``predictors``) that can serve it."""
+def check_stage_router(flag: str, stage: str, spec: str, predictors: Mapping[str, Any], predictor: str) -> None:
+    """A router given by ``flag`` (``NAME`` or ``NAME:SETTINGS``) for placements at ``stage``: known,
+    able to place there, settings it accepts, and for one reading estimates a predictor (in the
+    registry ``predictors``) that can serve it."""
+    router = spec.partition(":")[0]
     able_here = [n for n, c in ALL_ROUTERS.items() if stage in c.stages]
     if router not in ALL_ROUTERS:
         raise ValueError(f"unknown {flag} {router!r} (choose from {', '.join(able_here)})")
     if stage not in ALL_ROUTERS[router].stages:
         raise ValueError(f"{flag} {router} places requests after prefill only (choose from {', '.join(able_here)})")
+    make_router(spec)   # its settings, refused in one line
     if not serves(router, predictors.get(predictor)):
         able = ", ".join(n for n, c in predictors.items() if serves(router, c))
         what = ALL_ROUTERS[router].reads.replace("_", " ").replace(" kv", " KV footprints")
@@ -69,12 +88,26 @@ def check_stage_router(flag: str, stage: str, router: str, predictors: Mapping[s
                          f"(choose from {able})")
 
 
-def make_router(name: str) -> Router:
+def make_router(spec: str) -> Router:
+    """``NAME`` or ``NAME:SETTINGS`` (``weighted:precise-prefix=2,queue-depth=1``), configured."""
+    name, _, args = spec.partition(":")
     try:
-        return ALL_ROUTERS[name]()
+        router = ALL_ROUTERS[name]()
     except KeyError:
         raise ValueError(f"unknown --router {name!r} (choose from {', '.join(ALL_ROUTERS)})") from None
+    router.configure(args)
+    return router
+
+
+def check_router_cache(spec: str, kv_blocks: bool, prefix_caching: bool) -> None:
+    """A router reading KV blocks or the replicas' prefix caches on a run that models none: refused."""
+    router = make_router(spec)
+    if router.needs_cache and not prefix_caching:
+        raise ValueError(f"--router {spec} reads the replicas' prefix caches: give --kv-blocks (prefix caching "
+                         "is on with it unless --prefix-caching off)")
+    if router.needs_kv and not kv_blocks:
+        raise ValueError(f"--router {spec} reads KV blocks: give --kv-blocks N (or profile)")
 
 
 __all__ = ["ALL_ROUTERS", "DECODE_ROUTERS", "DEFAULT_ROUTER", "MAX_REPLICAS", "ROUTERS", "FleetView", "Router",
-           "check_router", "check_stage_router", "make_router", "serves"]
+           "check_router", "check_router_cache", "check_stage_router", "make_router", "serves"]

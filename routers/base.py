@@ -17,7 +17,10 @@ import numpy as np
 #: What a router reads of the fleet (routers/snapshot.py): nothing, requests outstanding (with their
 #: waiting / running split), predicted work, true work, KV blocks; a decode router of a prefill/decode
 #: fleet also predicted or true KV footprints (docs/semantics.md "Prefill/decode disaggregation").
-Reads = Literal["nothing", "outstanding", "predicted_work", "true_work", "kv", "predicted_kv", "true_kv"]
+#: "prefix": outstanding + the arriving request's prompt block keys (routers/cache_view.py); "cache":
+#: that + KV blocks + each replica's cached blocks of the request + its expected output.
+Reads = Literal["nothing", "outstanding", "predicted_work", "true_work", "kv", "predicted_kv", "true_kv", "prefix",
+                "cache"]
 #: Where a router places requests: at arrival (a fleet's --router, a P/D fleet's prefills) or after
 #: prefill (a P/D fleet's --decode-router).
 Stage = Literal["arrival", "decode"]
@@ -37,6 +40,14 @@ class FleetView:
     kv_free: np.ndarray | None = None         # per replica: KV blocks free, -1 without KV blocks ("kv")
     kv_predicted: np.ndarray | None = None    # per decode replica: predicted KV footprint x tokens left
     kv_true: np.ndarray | None = None         # per decode replica: the same with true lengths (oracle)
+    # the arriving request ("prefix", "cache"; routers/cache_view.py)
+    prompt_keys: list | None = None           # its prompt's full blocks' keys at the block size
+    hits: np.ndarray | None = None            # per replica: of those, the leading ones cached there ("cache")
+    kv_total: int | None = None               # blocks per replica ("cache")
+    block_size: int = 16
+    expected_output: float | None = None      # its predicted output (the prior without one) ("cache")
+    now: float = 0.0                          # the routing instant (seconds)
+    snapshot_at: float = 0.0                  # when the replicas' counters were taken (lag)
 
 
 class Router(ABC):
@@ -45,6 +56,14 @@ class Router(ABC):
     name: ClassVar[str]
     reads: ClassVar[Reads] = "nothing"
     stages: ClassVar[tuple[Stage, ...]] = ("arrival", "decode")
+    needs_kv: ClassVar[bool] = False       # reads KV blocks: refused on a run without --kv-blocks
+    needs_cache: ClassVar[bool] = False    # reads replicas' prefix caches: refused without one
+    lag: float = 0.0                       # seconds the replicas' counters may lag ("prefix"/"cache" reads)
+
+    def configure(self, args: str) -> None:
+        """``--router NAME:ARGS``: a router taking settings parses them here (one line, ValueError)."""
+        if args:
+            raise ValueError(f"--router {self.name} takes no settings, got {args!r}")
 
     def reset(self, replicas: int, seed: int) -> None:
         """Called once before a run routes its first request (state, RNG)."""

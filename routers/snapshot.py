@@ -93,7 +93,8 @@ class ReplicaAccounting:
         """The :class:`routers.base.FleetView` of a router that reads ``reads`` (only that is filled)."""
         from routers.base import FleetView
 
-        counts = reads == "outstanding"
+        counts = reads in ("outstanding", "prefix", "cache")
+        kv = reads in ("kv", "cache")
         return FleetView(
             replicas=self.replicas,
             outstanding=self.outstanding.copy() if counts else None,
@@ -101,8 +102,8 @@ class ReplicaAccounting:
             running=self.running.copy() if counts else None,
             work=self.predicted_work.copy() if reads == "predicted_work" else None,
             true_work=self.true_work.astype(np.float64) if reads == "true_work" else None,
-            kv_used=self.kv_used.copy() if reads == "kv" else None,
-            kv_free=self.kv_free.copy() if reads == "kv" else None)
+            kv_used=self.kv_used.copy() if kv else None,
+            kv_free=self.kv_free.copy() if kv else None)
 
     # --- the events that move the counters ---------------------------------------------------------
     def route(self, replica: int, work: WorkSum) -> None:

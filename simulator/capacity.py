@@ -27,7 +27,7 @@ CAPACITY_FILE = "capacity.json"
 
 
 #: The engine's modules: a cached capacity is stale once one of them changes.
-ENGINE_MODULES = ("engine", "config", "requests", "scheduler", "kv_blocks", "prediction")
+ENGINE_MODULES = ("engine", "config", "requests", "scheduler", "kv_blocks", "prefix_cache", "prediction")
 
 
 def _code_version() -> str:

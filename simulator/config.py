@@ -35,6 +35,9 @@ class EngineConfig:
     # default (unbounded, as before); an int, or KV_BLOCKS_FROM_PROFILE until the runner resolves it
     kv_blocks: int | str | None = None
     kv_block_size: int = DEFAULT_KV_BLOCK_SIZE
+    # prefix caching over the KV blocks (docs/semantics.md "Prefix caching"): None = on wherever KV
+    # blocks are modelled (vLLM's default), off without them; True needs kv_blocks
+    prefix_caching: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_resident", "decode_slots", "prefill_token_budget"):
@@ -58,6 +61,7 @@ class EngineConfig:
         ):
             raise ValueError(f"kv-budget must be a positive integer, got {self.kv_token_budget!r}")
         self._check_kv_blocks()
+        self._check_prefix_caching()
         if self.kv_token_budget is not None and self.max_resident > self.kv_token_budget:
             raise ValueError(f"max-resident {self.max_resident} is above kv-budget {self.kv_token_budget} "
                              "(each resident request holds at least one KV token): lower --max-resident")
@@ -76,6 +80,12 @@ class EngineConfig:
         if self.kv_token_budget is not None:
             raise ValueError("kv-blocks and kv-budget are two models of one KV cache: give one of them")
 
+    def _check_prefix_caching(self) -> None:
+        if self.prefix_caching is not None and not isinstance(self.prefix_caching, bool):
+            raise ValueError(f"prefix-caching must be on or off, got {self.prefix_caching!r}")
+        if self.prefix_caching and self.kv_blocks is None:
+            raise ValueError("--prefix-caching on caches KV blocks: give --kv-blocks N (or profile) too")
+
     @property
     def kv_blocks_total(self) -> int:
         """The KV cache's blocks, once ``profile`` is resolved (``simulator.runner.resolve_kv_blocks``)."""
@@ -87,3 +97,8 @@ class EngineConfig:
     def kv_bounded(self) -> bool:
         """Whether the block-granular KV model (admission by blocks, preemption) is on."""
         return self.kv_blocks is not None
+
+    @property
+    def caches_prefixes(self) -> bool:
+        """Whether KV blocks are cached by prefix (on by default wherever KV blocks are modelled)."""
+        return self.kv_bounded and self.prefix_caching is not False

@@ -23,11 +23,13 @@ from typing import Protocol
 import numpy as np
 import simpy
 
+from core.prefix_hashes import check_block_size, native_chains
 from core.trace import Trace
 from policies.base import Policy
 from predictors.base import Predictor, PredictorCost
 from simulator.config import EngineConfig
 from simulator.prediction import NoPrediction
+from simulator.prefix_cache import PrefixKVBlocks
 from simulator.profiles.base import EngineProfile
 from simulator.requests import NOT_YET, RequestTable
 from simulator.scheduler import SimulationStalled
@@ -105,6 +107,7 @@ class RunResult:
     replicas: int = 1
     balance_max_over_mean: float | None = None   # outstanding true work, max / mean over replicas, at routings
     preemptions: np.ndarray | None = None   # per row, times preempted (KV blocks; None: unbounded KV)
+    cached_tokens: np.ndarray | None = None   # per row, prompt tokens found cached at admission (prefix caching)
     # a prefill/decode fleet's run (simulator/pd_fleet.py): per row, its prefill and decode instance,
     # its prefill's end, its transfer's start and landing; and the number of each instance
     stages: dict[str, np.ndarray] | None = None
@@ -166,6 +169,9 @@ def check_kv_blocks(workload: Trace, config: EngineConfig) -> None:
     if not config.kv_bounded or not len(workload):
         return
     total, size = config.kv_blocks_total, config.kv_block_size
+    chains = native_chains(workload) if config.caches_prefixes else None
+    if chains is not None:   # the trace's prefix blocks must map to --block-size (core.prefix_hashes)
+        check_block_size(chains[2], size, f"trace {workload.name!r}")
     prompt = workload.prompt_tokens.astype(np.int64)
     tokens = prompt + np.maximum(workload.output_tokens.astype(np.int64) - 1, 0)
     for what, need in (("prompt", -(-prompt // size)), ("prompt and output", -(-tokens // size))):
@@ -263,7 +269,8 @@ class Simulation:
             step_log=log, output_kind=driver.output_kind,
             mae_in_use=driver.mae_in_use if compiled is None else compiled.mae_in_use,
             contended_steps=scheduler.contended if compiled is None else compiled.contended,
-            preemptions=table.preemptions if self.config.kv_bounded else None)
+            preemptions=table.preemptions if self.config.kv_bounded else None,
+            cached_tokens=scheduler.kv.cached_tokens if isinstance(scheduler.kv, PrefixKVBlocks) else None)
 
     def _step_loop(self, env: simpy.Environment, parts: EngineParts, state: dict):
         """Orchestrates the parts; every decision and every piece of state lives in them."""

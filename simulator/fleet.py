@@ -26,8 +26,10 @@ from routers.base import Router
 from routers.snapshot import FleetBalance, ReplicaAccounting
 from simulator.config import EngineConfig
 from simulator.engine import RunResult, check_step_clock, checked_arrivals
+from simulator.fleet_cache import CacheView
 from simulator.fleet_rows import ReplicaRows
 from simulator.prediction import NoPrediction, PredictionDriver
+from simulator.prefix_cache import cached_tokens_of
 from simulator.profiles.base import EngineProfile
 from simulator.replica_table import AccountedTable, replica_work
 from simulator.requests import RequestTable
@@ -114,10 +116,12 @@ class FleetSimulation:
         """One replica: an engine's parts (:func:`simulator.stepping.build_parts`, as the single
         engine's) over its own table, its predictor seen through its local rows."""
         rows = np.full(self.n, -1, dtype=np.int64)
+        table = self._table(index)
+        table.source_rows = rows   # prefix identity (simulator.prefix_cache.BlockKeys) by workload row
         bound = self.predictors[index] if self.predictors else None
         predictor = ReplicaRows(bound, rows) if bound is not None else None
         cost = bound.cost(self.profile.hardware) if bound is not None else None
-        parts = build_parts(self._table(index), self.make_policy(), predictor, cost, self.profile, self.config, env,
+        parts = build_parts(table, self.make_policy(), predictor, cost, self.profile, self.config, env,
                             charge_cost=self.charge_cost, step_clock=self.step_clock, driver_cls=self.driver_cls)
         return Replica(index, parts, rows, driver=parts.driver)
 
@@ -201,7 +205,7 @@ class FleetSimulation:
         joins its replica's table, attributes included, and the accounting."""
         reads = self.router.reads
         estimate = self._routing_estimate(row) if reads == "predicted_work" else 0.0
-        index = self.router.choose(row, self._view(reads))
+        index = self.router.choose(row, self._cache_view(row, reads) if reads in ("prefix", "cache") else self._view(reads))
         if not 0 <= index < self.replicas:
             raise RuntimeError(f"router {self.router.name!r} chose replica {index} of {self.replicas}")
         replica = self.fleet[index]
@@ -220,6 +224,12 @@ class FleetSimulation:
         self.assigned[row] = index
         self._joined(replica, k)
         self.balance.add(self.accounting)
+
+    def _cache_view(self, row: int, reads: str):
+        """A cache-aware router's view (simulator/fleet_cache.py), made once per run."""
+        if getattr(self, "cache_view", None) is None:
+            self.cache_view = CacheView(self)
+        return self.cache_view.view(row, reads)
 
     def _view(self, reads: str):
         """What the router reads: the accounting's fields it declares."""
@@ -267,6 +277,7 @@ class FleetSimulation:
             preemptions = np.zeros(n, dtype=np.int64)
             for replica in self.fleet:
                 preemptions[replica.rows[:replica.routed]] = replica.parts.table.preemptions[:replica.routed]
+        cached = cached_tokens_of(self.fleet, n) if self.config.caches_prefixes else None
         drivers = [r.driver for r in self.fleet]
         decodes = sum(getattr(d, "in_use_decodes", 0) for d in drivers)
         error = sum(getattr(d, "in_use_abs_error", 0.0) for d in drivers)
@@ -281,5 +292,5 @@ class FleetSimulation:
             updates_published=sum(d.updates for d in drivers), sim_cpu_s=sim_cpu_s,
             output_kind=drivers[0].output_kind, mae_in_use=error / decodes if decodes else None,
             contended_steps=sum(r.parts.scheduler.contended for r in self.fleet),
-            replica=self.assigned.copy(), replicas=self.replicas, preemptions=preemptions,
+            replica=self.assigned.copy(), replicas=self.replicas, preemptions=preemptions, cached_tokens=cached,
             balance_max_over_mean=self.balance.max_over_mean)

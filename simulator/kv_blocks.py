@@ -21,6 +21,8 @@ from simulator.requests import RequestTable
 class KVBlocks:
     """One run's KV cache: ``total`` blocks of ``size`` tokens over a :class:`RequestTable`."""
 
+    caches = False   # prefix caching (simulator.prefix_cache.PrefixKVBlocks)
+
     def __init__(self, table: RequestTable, total: int, size: int):
         self.table, self.total, self.size = table, int(total), int(size)
         self.held = np.zeros(table.n, dtype=np.int64)   # blocks each row holds
@@ -62,8 +64,7 @@ class KVBlocks:
         t = self.table
         need = self.blocks(t.prompt[chosen] + t.generated[chosen]) - self.held[chosen]
         if int(need.sum()) <= self.free:
-            self.held[chosen] += need
-            self.used += int(need.sum())
+            self._grant(chosen, need)
             return chosen[:0]
         order: list[int] = ordered().tolist()
         gone: list[int] = []
@@ -79,9 +80,13 @@ class KVBlocks:
                 if victim == r:
                     break
             if not self.recompute[r]:
-                self.held[r] += 1
-                self.used += 1
+                self._grant(np.asarray([r]), np.ones(1, dtype=np.int64))
         return np.asarray(gone, dtype=np.int64)
+
+    def _grant(self, rows: np.ndarray, need: np.ndarray) -> None:
+        """``rows`` take ``need`` more blocks each (their decodes' next tokens)."""
+        self.held[rows] += need
+        self.used += int(need.sum())
 
     def _preempt(self, row: int) -> None:
         """Free the row's blocks; its next prefill recomputes its prompt and generated tokens."""

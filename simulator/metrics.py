@@ -61,6 +61,8 @@ def requests_table(result: RunResult) -> pa.Table:
     })
     if result.preemptions is not None:
         table = table.append_column("preemptions", pa.array(result.preemptions, pa.int32()))
+    if result.cached_tokens is not None:
+        table = table.append_column("cached_tokens", pa.array(result.cached_tokens, pa.int32()))
     for name, values in (result.stages or {}).items():   # a P/D fleet's (simulator.pd_result)
         table = table.append_column(name, pa.array(values, pa.int32() if values.dtype.kind == "i" else pa.float64()))
     return table
@@ -164,6 +166,9 @@ def summarize(result: RunResult, slos: dict[str, float] | None = None, **context
     if result.preemptions is not None:   # KV blocks: preemptions in all, and requests preempted at least once
         summary["preemptions"] = int(result.preemptions.sum())
         summary["requests_preempted"] = int((result.preemptions > 0).sum())
+    if result.cached_tokens is not None:   # prefix caching: the share of prompt tokens found cached at admission
+        prompt = int(result.prompt_tokens.sum())
+        summary["prefix_hit_rate"] = _num(result.cached_tokens.sum() / prompt) if prompt else 0.0
     return {**context, **summary}
 
 

@@ -14,6 +14,7 @@ table, scheduler and policy instance; the fleet only places, transfers and forwa
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -44,6 +45,9 @@ class PDFleet(FleetSimulation):
         if not isinstance(decode_replicas, (int, np.integer)) or decode_replicas < 1:
             raise ValueError(f"--decode-replicas must be >= 1, got {decode_replicas!r}")
         super().__init__(workload, arrival_s, replicas=prefill_replicas, router=router, **kwargs)
+        if self.config.prefix_caching:
+            raise ValueError("--prefix-caching on: a P/D fleet does not model prefix caching yet (--prefix-caching off)")
+        self.config = dataclasses.replace(self.config, prefix_caching=False)   # off by default here, stated
         if self.config.kv_token_budget is not None:
             raise ValueError("--kv-budget is one engine's KV model; a P/D fleet models KV blocks (--kv-blocks)")
         if "decode" not in decode_router.stages:

@@ -18,7 +18,7 @@ from policies import make_policy
 from predictors import NO_PREDICTOR, make_predictor
 from predictors.base import PredictorOptions
 from predictors.gpu_cost import describe_cost
-from routers import DEFAULT_ROUTER, check_router, make_router
+from routers import DEFAULT_ROUTER, check_router, check_router_cache, make_router
 from simulator.capacity import measure_capacity
 from simulator.compiled import DEFAULT_KERNEL, KERNELS, CompiledRun, note_fallback, unsupported
 from simulator.compiled_fleet import CompiledFleet, fleet_unsupported
@@ -238,6 +238,9 @@ def engine_config_record(config: EngineConfig) -> dict:
     d = asdict(config)
     if not config.kv_bounded:
         del d["kv_blocks"], d["kv_block_size"]
+    del d["prefix_caching"]
+    if config.kv_bounded:
+        d["prefix_caching"] = config.caches_prefixes
     return d
 
 
@@ -309,6 +312,8 @@ def prepare(config: RunConfig, progress: Callable[[int, int], None] | None = Non
     engine_config = resolve_kv_blocks(config.engine_config_for(trace), profile)
     check_kv_budget(workload, engine_config)
     check_kv_blocks(workload, engine_config)
+    if config.replicas > 1:   # a router reading KV blocks or prefix caches needs them modelled
+        check_router_cache(config.router, engine_config.kv_bounded, engine_config.caches_prefixes)
     window = None
     if config.arrivals.as_recorded:   # no capacity: nothing is rescaled to a load
         capacity = None

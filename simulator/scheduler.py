@@ -15,6 +15,7 @@ from policies.base import Policy, SchedulerView
 from policies.selection import choose_decodes, victim_order
 from simulator.config import EngineConfig
 from simulator.kv_blocks import KVBlocks
+from simulator.prefix_cache import PrefixKVBlocks
 from simulator.requests import RequestTable
 
 EMPTY = np.empty(0, dtype=np.int64)
@@ -67,7 +68,10 @@ class Scheduler:
         self.admit_ptr = 0        # rows below it are all admitted
         self.n_admitted = 0
         self.contended = 0        # steps in which the policy's order decided something
-        self.kv = KVBlocks(table, config.kv_blocks_total, config.kv_block_size) if config.kv_bounded else None
+        self.kv: KVBlocks | None = None
+        if config.kv_bounded:
+            kind = PrefixKVBlocks if config.caches_prefixes else KVBlocks
+            self.kv = kind(table, config.kv_blocks_total, config.kv_block_size)
         self.carried_chunks = 0   # steps that continued the part-prefilled prompt (bounded: min_chunk)
 
     def idle(self, arrived: int) -> bool:
@@ -159,6 +163,8 @@ class Scheduler:
         if requeued:   # preempted rows first, the last preempted at the front
             cand = np.concatenate([np.asarray(requeued, dtype=np.int64), cand])
         cand = cand[:room]
+        if isinstance(kv, PrefixKVBlocks):   # each looks up its cached prefix and takes its blocks in turn
+            return self._taken(arrived, cand, kv.admit(cand, budget, cfg.chunked_prefill), len(requeued))
         tokens = np.cumsum(t.fill[cand])
         # strict order: stop at the first request that does not fit; an over-long prompt goes alone
         take = int(np.searchsorted(tokens, budget, side="right"))
@@ -171,11 +177,16 @@ class Scheduler:
             take = min(take, fits if fits or len(t.resident) else 1)  # an empty engine admits one
         if kv is not None:   # each needs its whole prefill's blocks (no request needs more than all)
             take = min(take, kv.admissible(cand[:take]))
-        n_re = min(take, len(requeued))
-        readmit = kv.readmit(n_re) if kv is not None and n_re else EMPTY
-        rows = cand[n_re:take]
         if kv is not None:
             kv.hold(cand[:take])
+        return self._taken(arrived, cand, take, len(requeued))
+
+    def _taken(self, arrived: int, cand: np.ndarray, take: int, n_requeued: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first ``take`` candidates leave the re-queue (those first) or the waiting requests."""
+        t, kv = self.table, self.kv
+        n_re = min(take, n_requeued)
+        readmit = kv.readmit(n_re) if kv is not None and n_re else EMPTY
+        rows = cand[n_re:take]
         if len(rows):
             t.admitted[rows] = True
             self.n_admitted += len(rows)
@@ -188,6 +199,8 @@ class Scheduler:
         """Prompt tokens computed this step: (rows completing their prompt, tokens, attention work)."""
         t = self.table
         prompt = t.fill   # the prompt, or a preempted row's prompt and generated tokens
+        if isinstance(self.kv, PrefixKVBlocks):
+            return self._prefill_cached(admit, budget, carried, carried_chunk)
         if not self.config.chunked_prefill:
             prefill_tokens = int(prompt[admit].sum()) if len(admit) else 0
             prefill_sq = int(t.fill_sq[admit].sum()) if len(admit) else 0
@@ -205,6 +218,32 @@ class Scheduler:
             first = np.concatenate([[carried], first]).astype(np.int64)
             t.partial = -1
         if len(admit) and chunks[-1] < prompt[admit[-1]]:
+            t.partial = int(admit[-1])
+            self.carried_chunks = 0
+        return first, prefill_tokens, prefill_sq
+
+    def _prefill_cached(self, admit: np.ndarray, budget: int, carried: int,
+                        carried_chunk: int) -> tuple[np.ndarray, int, int]:
+        """:meth:`_prefill` where each admitted row starts after its cached tokens (``kv.start``)."""
+        t, kv = self.table, self.kv
+        assert isinstance(kv, PrefixKVBlocks)
+        fill, start = t.fill[admit], kv.start[admit]
+        rest = fill - start
+        before = int(t.prefilled[carried]) if carried >= 0 else 0
+        if not self.config.chunked_prefill:
+            return admit, int(rest.sum()), int((rest * fill).sum())
+        chunks = np.minimum(rest, np.maximum(budget - np.concatenate([[0], np.cumsum(rest)[:-1]]), 0)) \
+            if len(admit) else EMPTY
+        prefill_tokens = carried_chunk + int(chunks.sum())
+        prefill_sq = carried_chunk * (before + carried_chunk) + int((chunks * (start + chunks)).sum())
+        t.prefilled[admit] = start + chunks
+        if carried >= 0:
+            t.prefilled[carried] += carried_chunk
+        first = admit[chunks == rest]
+        if carried >= 0 and t.prefilled[carried] == t.fill[carried]:
+            first = np.concatenate([[carried], first]).astype(np.int64)
+            t.partial = -1
+        if len(admit) and chunks[-1] < rest[-1]:
             t.partial = int(admit[-1])
             self.carried_chunks = 0
         return first, prefill_tokens, prefill_sq

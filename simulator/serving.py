@@ -43,7 +43,8 @@ def _kv_bound(s: dict) -> dict:
     same blocks (docs/semantics.md "KV blocks"); none for a run with the engine's own cache."""
     if s.get("kv_blocks_bound") is None:
         return {}
-    return {"kv_blocks": int(s["kv_blocks_bound"]), "kv_block_size": int(s["kv_block_size"])}
+    return {"kv_blocks": int(s["kv_blocks_bound"]), "kv_block_size": int(s["kv_block_size"]),
+            "prefix_caching": bool(s.get("prefix_caching", False))}   # the live runs switch it off
 
 
 #: Source traces given by path (``leap-validate --source PATH``), by content hash.

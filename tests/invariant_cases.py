@@ -27,6 +27,7 @@ from simulator.workload import ArrivalSpec, make_arrivals
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reference_sim  # noqa: E402
+from reference_prefix import with_prefix_hashes  # noqa: E402
 
 REL = 1e-9
 HYPO = dict(deadline=None, derandomize=True, database=None,
@@ -106,6 +107,8 @@ class Case:
     kv_budget: int | None = None      # KV-token admission limit (off in the paper's setup)
     kv_blocks: int | None = None      # KV blocks with preemption (tests/test_kv_blocks.py)
     block_size: int = 16
+    prefix_caching: bool | None = None   # None: on with KV blocks (tests/test_kv_prefix.py)
+    prefix: list | None = None        # per request, its prompt's block keys at block_size
 
     @property
     def config(self) -> EngineConfig:
@@ -113,7 +116,7 @@ class Case:
                             prefill_token_budget=self.budget, wait_cap=self.wait_cap,
                             chunked_prefill=self.chunked_prefill, decodes_in_budget=self.decodes_in_budget,
                             kv_token_budget=self.kv_budget, kv_blocks=self.kv_blocks,
-                            kv_block_size=self.block_size)
+                            kv_block_size=self.block_size, prefix_caching=self.prefix_caching)
 
 
 GAPS = st.one_of(
@@ -181,6 +184,8 @@ def make_predictor_for(case: Case, output=None):
 def run_engine(case: Case, output=None) -> RunResult:
     output = case.output if output is None else output
     wl = trace_from_arrays("hypo", case.prompt, output)
+    if case.prefix is not None:
+        wl = with_prefix_hashes(wl, case.prefix, case.block_size)
     return Simulation(wl, np.asarray(case.arrival, dtype=np.float64), policy=make_policy(case.policy),
                       predictor=make_predictor_for(case), profile=FunctionProfile(STEP_TIMES[case.step_time]),
                       config=case.config, seed=case.seed, record_steps=True, closed_loop=case.closed_loop).run()
@@ -225,7 +230,8 @@ def run_reference(case: Case, predicted):
                                   wait_cap=case.wait_cap, chunked_prefill=case.chunked_prefill,
                                   decodes_in_budget=case.decodes_in_budget, closed_loop=case.closed_loop,
                                   kv_token_budget=case.kv_budget, kv_blocks=case.kv_blocks,
-                                  block_size=case.block_size)
+                                  block_size=case.block_size, prefix_caching=case.config.caches_prefixes,
+                                  prefix_keys=case.prefix)
 
 
 def close(a, b) -> bool:

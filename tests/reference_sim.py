@@ -40,6 +40,12 @@ Semantics implemented (docs/semantics.md):
   token, not an admission). A step that preempted admits nothing. Otherwise admission takes the
   re-queued requests first, then the usual candidates, the longest prefix that also fits the free
   blocks (each its whole prefill's blocks).
+- Prefix caching (``prefix_caching``, with KV blocks; tests/reference_prefix.py): blocks are named,
+  shared and kept after release until reused. Each candidate in turn looks up its cached blocks
+  (seeing those taken before it), counts only its other tokens against the budget, needs free
+  blocks for the rest and for its hit blocks without a holder, and its prefill starts after the
+  hit. Requests finishing in a step free their blocks in order: decodes, then first tokens, then
+  re-prefills; a preempted request frees its blocks when preempted.
 - Decode: the requests resident before the step. All of them if they fit in decode_slots, else
   starving ones first (step - last_served > wait_cap, wait_cap > 0; if too many, smallest
   last_served, ties by row), then the policy order (fcfs: row; countdown: max(pred - generated,
@@ -57,6 +63,9 @@ import functools
 import math
 from decimal import Decimal, localcontext
 from fractions import Fraction
+
+import reference_prefix
+from reference_prefix import Pool
 
 POLICIES = ("fcfs", "countdown", "aging")
 
@@ -122,7 +131,8 @@ def _remaining(predicted, generated):
 def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicted=None,
              step_time=unit_step_time, max_resident=512, decode_slots=64,
              prefill_token_budget=8192, wait_cap=128, request_ids=None, chunked_prefill=False,
-             decodes_in_budget=False, closed_loop=None, kv_token_budget=None, kv_blocks=None, block_size=16):
+             decodes_in_budget=False, closed_loop=None, kv_token_budget=None, kv_blocks=None, block_size=16,
+             prefix_caching=False, prefix_keys=None):
     """Run the reference. Per-request inputs are in the caller's order; so are the outputs.
 
     Returns a dict: ``admit_s``, ``first_token_s``, ``finish_s``, ``forced_steps`` (lists in the
@@ -167,6 +177,8 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
     preemptions = [0] * n
     released = min(closed_loop, n) if closed_loop is not None else n
     log = []
+    pool = Pool(kv_blocks, block_size, prompt, prefix_keys) if kv_blocks is not None and prefix_caching else None
+    cached_tokens = [0] * n
 
     t = 0.0
     step = 0
@@ -189,8 +201,11 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
             ranked = _policy_order(policy, ready, row_of, pred, generated, t, arrival)
             spared = forced + [i for i in ranked if i in decoded and i not in forced] + [
                 i for i in ranked if i not in decoded]   # decodes ask from the front, victims from the back
-            preempted, grown = _grow_blocks(spared[:len(decoded)], spared, prompt, generated, computed, fill, state, kv_blocks,
-                                     block_size, rows)
+            if pool is not None:
+                preempted = reference_prefix.grow(spared[:len(decoded)], spared, prompt, generated, pool)
+            else:
+                preempted, grown = _grow_blocks(spared[:len(decoded)], spared, prompt, generated, computed, fill, state,
+                                                kv_blocks, block_size, rows)
             for i in preempted:
                 state[i] = WAITING
                 computed[i] = 0
@@ -213,8 +228,12 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
         if kv_blocks is not None and not preempted and room > 0 and budget > 0 and (requeued or waiting):
             readmitted, admitted = _admit_blocks(policy, requeued[::-1], waiting, room, budget, fill, chunk_of,
                                                  chunked_prefill, pred, row_of, t, arrival, kv_blocks, block_size,
-                                                 prompt, generated, state, rows, grown)
+                                                 prompt, generated, state, rows, grown, pool)
             del requeued[len(requeued) - len(readmitted):]
+            for i in readmitted + admitted:   # the prefill starts after the cached tokens
+                computed[i] = pool.start[i] if pool is not None else 0
+                if pool is not None and preemptions[i] == 0:
+                    cached_tokens[i] = pool.start[i]
         elif kv_blocks is None and room > 0 and waiting and budget > 0:
             if policy == "fcfs":
                 candidates = list(waiting)
@@ -258,6 +277,7 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
         end = t + duration
 
         # ---- the step's effects land at its end
+        finishers = ([], [], [])   # decodes, first tokens, re-prefills: the order they free their blocks
         for i in decoded:
             generated[i] += 1
             last_served[i] = step
@@ -265,6 +285,7 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
                 state[i] = DONE
                 finish_s[i] = end
                 n_done += 1
+                finishers[0].append(i)
         for i in forced:
             forced_steps[i] += 1
         completes = []
@@ -277,7 +298,8 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
         for i in admitted:
             admit_s[i] = t
         for i in completes:
-            if first_token_s[i] is None:
+            resumed = first_token_s[i] is not None
+            if not resumed:
                 first_token_s[i] = end
                 generated[i] = 1
             else:   # a re-prefill after a preemption emits the next token
@@ -288,6 +310,9 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
                 state[i] = DONE
                 finish_s[i] = end
                 n_done += 1
+                finishers[2 if resumed else 1].append(i)
+        for i in (finishers[0] + finishers[1] + finishers[2]) if pool is not None else ():
+            pool.release(i, prompt[i] + generated[i] - 1)
 
         if closed_loop is not None:   # each request finished this step submits the next row
             for _ in range(n_done - done_before):
@@ -307,7 +332,8 @@ def simulate(prompt_tokens, output_tokens, arrival_s, *, policy="fcfs", predicte
         step += 1
 
     return {"admit_s": admit_s, "first_token_s": first_token_s, "finish_s": finish_s,
-            "forced_steps": forced_steps, "row_order": rows, "steps": log, "preemptions": preemptions}
+            "forced_steps": forced_steps, "row_order": rows, "steps": log, "preemptions": preemptions,
+            "cached_tokens": cached_tokens}
 
 
 def _decode_key(policy, i, row_of, pred, generated, t, arrival):
@@ -372,7 +398,7 @@ def _grow_blocks(decoded, ranked, prompt, generated, computed, fill, state, tota
 
 
 def _admit_blocks(policy, requeued, waiting, room, budget, fill, chunk_of, chunked, pred, row_of, t, arrival,
-                  total, size, prompt, generated, state, rows, grown):
+                  total, size, prompt, generated, state, rows, grown, pool=None):
     """(readmitted, admitted): re-queued first, then the admission order; budget, room and free blocks."""
     if policy == "fcfs":
         fresh = list(waiting)
@@ -383,20 +409,26 @@ def _admit_blocks(policy, requeued, waiting, room, budget, fill, chunk_of, chunk
     candidates = (list(requeued) + fresh)[:room]
     free = total - grown - sum(_held_blocks(i, state, prompt, generated, fill, size) for i in rows)
     taken, tokens = [], 0
-    for i in candidates:
-        chunk = fill[i]
-        if tokens + fill[i] > budget:
+    for i in candidates:   # with a prefix cache each looks up its hit after those taken before it
+        hit = pool.lookup(i, fill[i]) if pool is not None else []
+        rest = fill[i] - len(hit) * size
+        chunk = rest
+        if tokens + rest > budget:
             if chunked and tokens < budget:
                 chunk = budget - tokens
             elif taken or chunked:
                 break
-        if -(-fill[i] // size) > free:
+        need = pool.needs(hit, fill[i]) if pool is not None else -(-fill[i] // size)
+        if need > (len(pool.free) if pool is not None else free):
             break
-        free -= -(-fill[i] // size)
+        free -= need
+        if pool is not None:
+            pool.hold(i, hit, fill[i])
+            pool.start[i] = len(hit) * size
         taken.append(i)
         chunk_of[i] = chunk
-        tokens += fill[i]
-        if chunk < fill[i]:
+        tokens += rest
+        if chunk < rest:
             break
     readmitted = [i for i in taken if i in requeued]
     return readmitted, [i for i in taken if i not in requeued]

@@ -92,8 +92,9 @@ class BlockAudit:
         if table.partial >= 0:
             expect[table.partial] = -(-table.fill[table.partial] // size)
         assert np.array_equal(kv.held, expect), "blocks held differ from the rule"
-        assert kv.used == int(expect.sum()) <= kv.total, f"{kv.used} blocks held of {kv.total}"
-        self.most = max(self.most, kv.used)
+        used = kv.total - kv.free   # distinct blocks held; shared ones (prefix caching) count once
+        assert used == int(expect.sum()) <= kv.total, f"{used} blocks held of {kv.total}"
+        self.most = max(self.most, used)
         self.steps += 1
 
 
@@ -162,10 +163,14 @@ def test_two_requests_worked_out_by_hand():
     # admission and first token are kept: a re-prefill is neither
     assert countdown.admit_s.tolist() == [0.0, 0.0] and countdown.first_token_s.tolist() == [1.0, 1.0]
     wl = trace_from_arrays("two", [4, 4], [8, 6])
-    profile = RecordingUnit()
-    Simulation(wl, np.zeros(2), policy=make_policy("countdown"), predictor=Oracle(), profile=profile,
-               config=EngineConfig(decode_slots=2, wait_cap=0, kv_blocks=4, kv_block_size=4)).run()
-    assert profile.prefills == [8, 0, 0, 0, 0, 0, 9, 0, 0]   # step 6 re-prefills row 0's 4 + 5 tokens
+    # step 6 re-prefills row 0's 4 + 5 tokens; with the prefix cache (docs/semantics.md "Prefix
+    # caching") its first block is still cached (row 1's decode at step 5 took its second): 5 tokens
+    for caching, tokens in ((False, 9), (True, 5)):
+        profile = RecordingUnit()
+        Simulation(wl, np.zeros(2), policy=make_policy("countdown"), predictor=Oracle(), profile=profile,
+                   config=EngineConfig(decode_slots=2, wait_cap=0, kv_blocks=4, kv_block_size=4,
+                                       prefix_caching=caching)).run()
+        assert profile.prefills == [8, 0, 0, 0, 0, 0, tokens, 0, 0]
     unbounded = Simulation(wl, np.zeros(2), policy=make_policy("fcfs"), predictor=None, profile=UnitProfile(),
                            config=EngineConfig(decode_slots=2, wait_cap=0)).run()
     assert unbounded.finish_s.tolist() == [8.0, 6.0] and unbounded.preemptions is None

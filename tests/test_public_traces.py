@@ -62,7 +62,7 @@ def test_azure_slice_by_hand(tmp_path):
 def test_mooncake_slice_by_hand(tmp_path):
     lines = [{"timestamp": 1500, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1]},
              {"timestamp": 1500, "input_length": 7322, "output_length": 490, "hash_ids": [0, 2]},
-             {"timestamp": 3750, "input_length": 20, "output_length": 3, "hash_ids": []}]
+             {"timestamp": 3750, "input_length": 20, "output_length": 3, "hash_ids": [3]}]
     path = write(tmp_path, "mooncake_conversation_trace.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
     assert detect_format(path) == "mooncake"
     trace = load_trace(path)
@@ -70,6 +70,9 @@ def test_mooncake_slice_by_hand(tmp_path):
     assert trace.arrival_s.tolist() == [0.0, 0.0, 2.25]   # milliseconds, from the first request
     assert trace.prompt_tokens.tolist() == [6758, 7322, 20] and trace.output_tokens.tolist() == [500, 490, 3]
     assert trace.output_cap == 500
+    # hash_ids, chained, as the prefix identity (docs/traces.md "Prefix hashes"): rows 0 and 1 share block 0
+    hashes = trace.table.column("prefix_hashes").to_pylist()
+    assert hashes[0][0] == hashes[1][0] and hashes[0][1] != hashes[1][1] and trace.metadata["prefix_block_size"] == 512
 
 
 @pytest.mark.parametrize("header, row_fmt, times", [
