@@ -39,7 +39,7 @@ def attach(engine):
                                   "distributed_executor_backend='live.tap_executor.TapExecutor' (to_engine_args)")
         f = cfg.readout_file()
         engine.collective_rpc("lv_install", args=(sched.leap_channel, f.info["layer"], f.folded(),
-                                                  cfg.predictor == "leap-rls"))
+                                                  cfg.form.learns_online))
     return sched
 
 

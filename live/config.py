@@ -24,7 +24,7 @@ from core.checks import check_decode_slots
 from live.common import LiveConfigError
 from policies import POLICIES
 from predictors import NO_PREDICTOR
-from predictors.live import ARRIVAL_PREDICTORS, LIVE_PREDICTORS, NOT_LIVE
+from predictors.live import ARRIVAL_PREDICTORS, LIVE_PREDICTORS, NOT_LIVE, LiveForm
 
 CONFIG_KEY = "leap_live"
 #: The entry ``vllm serve --additional-config`` carries for the plugin (``leap_sched.vllm.CONFIG_KEY``).
@@ -35,6 +35,13 @@ TAP_EXECUTOR_CLS = "live.tap_executor.TapExecutor"
 
 #: Policies the live scheduler applies: those that declare ``live`` (the project's own classes, policies/).
 LIVE_POLICIES = tuple(name for name, cls in POLICIES.items() if cls.live)
+
+
+def predicts_nothing(policy: str, predictor: str) -> bool:
+    """The FCFS baseline: a policy that reads no estimates and no predictor (what vLLM's own
+    scheduler runs, and the run a capacity is measured with), from the classes' declarations."""
+    cls, form = POLICIES.get(policy), LIVE_PREDICTORS.get(predictor)
+    return cls is not None and not cls.uses_predictions and form is not None and not form.has_predictor
 #: ``SamplingParams.extra_args`` key carrying the raw user prompt (no chat template) to the
 #: text-encoder baseline: vLLM hands the scheduler token ids only.
 PROMPT_TEXT_KEY = "leap_prompt_text"
@@ -97,7 +104,7 @@ class LiveSchedulerConfig:
         if isinstance(self.wait_cap, bool) or not isinstance(self.wait_cap, int) or self.wait_cap < 0:
             raise LiveConfigError(f"wait-cap must be an integer >= 0, got {self.wait_cap!r}")
         check_decode_slots(self.decode_slots, self.max_resident, LiveConfigError)
-        if self.policy != "fcfs" and self.predictor == NO_PREDICTOR:
+        if POLICIES[self.policy].uses_predictions and not self.form.has_predictor:
             raise LiveConfigError(f"policy {self.policy!r} needs a predictor "
                                   f"({', '.join(n for n in LIVE_PREDICTORS if n != NO_PREDICTOR)})")
         if self.layer is not None and (isinstance(self.layer, bool) or not isinstance(self.layer, int)
@@ -121,13 +128,18 @@ class LiveSchedulerConfig:
             raise LiveConfigError(f"sync-updates must be true or false, got {self.sync_updates!r}")
         if not isinstance(self.ordered_admission, bool):
             raise LiveConfigError(f"ordered-admission must be true or false, got {self.ordered_admission!r}")
-        if self.predictor == "ssjf":
+        if self.form.prompt_text:
             self.head_artifact()                # readable ssjf weights
             self.text_encoder_dir()             # installed
         elif self.head_weights is not None:
             raise LiveConfigError(f"predictor {self.predictor!r} uses no head weights; drop head_weights=")
 
     # ------------------------------------------------------------------ derived
+    @property
+    def form(self) -> LiveForm:
+        """What the predictor's class declares of its live form (``predictors.live``)."""
+        return LIVE_PREDICTORS[self.predictor]
+
     @property
     def needs_hook(self) -> bool:
         """True when the predictor reads the serving model's hidden state (the worker hook)."""

@@ -43,13 +43,19 @@ def check_fleet_flags(args) -> None:
     if args.capacity == "measure":
         raise CaptureError("--replicas --capacity measure: the fleet's capacity is N x one engine's; "
                            "measure it without --replicas")
+    router = args.router or "round-robin"
     try:
-        check_router(args.replicas, args.router or "round-robin", PREDICTORS, args.predictor)
+        check_router(args.replicas, router, PREDICTORS, args.predictor)
     except ValueError as e:
         raise CaptureError(str(e)) from None
-    if ROUTERS[(args.router or "round-robin").partition(":")[0]].reads in ("prefix", "cache"):
-        raise CaptureError(f"--router {args.router}: the cache-aware routers read the simulator's prefix caches "
+    name = router.partition(":")[0]
+    if ROUTERS[name].reads in ("prefix", "cache"):
+        raise CaptureError(f"--router {router}: the cache-aware routers read the simulator's prefix caches "
                            "and block keys, which a live fleet does not report yet")
+    if ROUTERS[name].reads == "predicted_work" and PREDICTORS[args.predictor].live_router_estimate() is None:
+        able = ", ".join(n for n, c in PREDICTORS.items() if c.live and c.live_router_estimate() is not None)
+        raise CaptureError(f"--router {router} --predictor {args.predictor}: a live fleet routes before any engine "
+                           f"scores the request, and its prompt-only estimate is the engine's (choose from {able})")
 
 
 def replica_cores(threads: str | None, replicas: int) -> list[str | None]:
@@ -132,11 +138,16 @@ class LiveFleet:
         return work_sum(estimate, generated, None)
 
     def _routing_estimate(self, length: int) -> float:
-        """Prompt-only estimate at routing: the oracle's is the (forced) length, LEAP's the prior."""
-        if self.predictor == "oracle":
+        """The estimate least-work reads until the replica's own exists, as the predictor's class
+        declares it (``Predictor.live_router_estimate``): the (forced) length, or the prior."""
+        from predictors import PREDICTORS
+
+        kind = PREDICTORS[self.predictor].live_router_estimate()
+        if kind == "length":
             return float(length)
-        assert self.prior is not None
-        return float(self.prior)
+        if kind == "prior" and self.prior is not None:
+            return float(self.prior)
+        raise CaptureError(f"--predictor {self.predictor}: no routing estimate before the engine scores the request")
 
     # --- the clock -------------------------------------------------------------------------------
     def serve_steps(self, schedule, on_finished, on_steps, flush_n=32, flush_every_s=20.0):

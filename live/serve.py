@@ -46,6 +46,7 @@ from types import SimpleNamespace
 from capture import CaptureError
 from core.errors import run_command
 from live import kv_cache, server_run, stepclock
+from live.config import predicts_nothing
 from live.serve_capacity import capacity_key, read_capacity
 from live.serve_flags import build_parser, check_flags
 from live.serve_workload import build_workload
@@ -72,7 +73,7 @@ def live_config(args):
         scheduler = args.scheduler or "live"
     live_only = {"--readout": args.readout, "--layer": args.layer, "--head-weights": args.head_weights}
     if scheduler == "vllm":
-        if (args.policy, args.predictor) != ("fcfs", "none"):
+        if not predicts_nothing(args.policy, args.predictor):
             raise CaptureError(f"--policy {args.policy} --predictor {args.predictor} needs the live "
                                "scheduler (--scheduler live); vLLM's own runs fcfs/none only")
         if args.decode_slots is not None and args.decode_slots != args.max_resident:

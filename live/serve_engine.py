@@ -47,7 +47,7 @@ def run_engine(args, w, run, log) -> int:
         from vllm.sampling_params import RequestOutputKind
 
         forced: dict[str, Any] = dict(min_tokens=req.length, ignore_eos=True) if args.force_lengths else {}
-        if live is not None and live.predictor == "ssjf":
+        if live is not None and live.form.prompt_text:
             from live import PROMPT_TEXT_KEY
             forced["extra_args"] = {PROMPT_TEXT_KEY: req.prompt_text}
         return SamplingParams(temperature=sampling["temperature"], top_p=sampling["top_p"],

@@ -13,6 +13,7 @@ from core.bench_result import add_result_flags, check_save_result, goodput_slos
 from core.checks import MAX_NUMPY_SEED, bounded_int
 from core.errors import OneLineParser
 from live import kv_cache, prechecks, stepclock
+from live.config import predicts_nothing
 from live.fleet import check_fleet_flags
 from routers import MAX_REPLICAS, ROUTERS
 
@@ -156,7 +157,7 @@ def check_flags(args) -> Flags:
     if measure and args.resume:
         raise CaptureError("--resume serves at the first run's rate: omit --capacity measure (the "
                            "cached capacity is used) or give --capacity REQ_S")
-    if measure and (args.policy, args.predictor) != ("fcfs", "none"):
+    if measure and not predicts_nothing(args.policy, args.predictor):
         raise CaptureError("--capacity measure: the capacity that loads refer to is FCFS's; measure "
                            "it with --policy fcfs --predictor none")
     if args.threads:

@@ -127,7 +127,8 @@ def _serve_segment(args, w, store, served_model: str, log) -> dict:
             stats["generated_tokens"] += sum(s.output_tokens for s in batch)
             await asyncio.to_thread(write_json, store.dir / f"run-{store.run:03d}.json", stats)
 
-    extra = (lambda r: {PROMPT_TEXT_KEY: r.prompt_text}) if args.predictor == "ssjf" else (lambda r: None)
+    reads_text = w.live.form.prompt_text   # the live predictor scores the raw prompt text
+    extra = (lambda r: {PROMPT_TEXT_KEY: r.prompt_text}) if reads_text else (lambda r: None)
     schedule = [(p - shift, r, chat_body(served_model, r.prompt_text, w.sampling, r.length, args.force_lengths, extra(r),
                                          r.fields)) for p, r in todo]
     if schedule:

@@ -125,7 +125,7 @@ def expected_settings(args, w: ServerWorkload) -> dict:
             "leap.sync_updates": live.sync_updates, "max_num_seqs": args.max_resident,
             "max_num_batched_tokens": args.max_num_batched_tokens, "dtype": w.dtype, "max_model_len": w.max_model_len,
             "enforce_eager": True, "enable_prefix_caching": False, "seed": args.seed}
-    if live.predictor == "none":        # no estimates: the prior is never read
+    if not live.form.has_predictor:     # no estimates: the prior is never read
         del want["leap.prior_tokens"]
     return want
 

@@ -191,6 +191,23 @@ class Predictor(ABC):
     # estimate exists it reads the prompt-only one (``scores_at_arrival``) or ``prior_length``
     serves_router: ClassVar[bool] = True
     why_not: ClassVar[dict[str, str]] = {}
+    # live (``leap-serve``, ``vllm serve``; ``predictors/live.py`` derives its registry from these): it
+    # runs inside a vLLM engine (its live class in ``live/predictors.py``); ``live_hook``: it reads the
+    # serving model's hidden state through the worker hook; ``live_prompt_text``: it scores the raw
+    # prompt text (a text encoder and head weights) when the request arrives
+    live: ClassVar[bool] = False
+    live_hook: ClassVar[bool] = False
+    live_prompt_text: ClassVar[bool] = False
+
+    @classmethod
+    def live_router_estimate(cls) -> Literal["length", "prior"] | None:
+        """What a live fleet's least-work reads before the replica's own estimate exists: "length" =
+        the request's (forced) length, an oracle's prompt-only estimate; "prior" = the prior; None =
+        its prompt-only estimate is made by the engine that schedules the request, after the routing."""
+        kind = cls.router_estimate()
+        if kind == "prior":
+            return "prior"
+        return "length" if kind == "prompt" and cls.sees_true_lengths else None
 
     @classmethod
     def router_estimate(cls) -> Literal["prompt", "prior"] | None:

@@ -10,6 +10,7 @@ from predictors.base import Predictor
 class Oracle(Predictor):
     name = "oracle"
     stage = "arrival"
+    live = True
     sees_true_lengths = True
     static_estimates = True
     compiled = scores_at_arrival = serves_router = True

@@ -95,6 +95,7 @@ class SSJF(HeadPredictor):
     __doc__ = __doc__
     name = method = METHOD
     version = VERSION
+    live = live_prompt_text = True
     defaults = DEFAULTS
     trainer = staticmethod(train)
     output = "length"

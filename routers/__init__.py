@@ -54,26 +54,41 @@ DEFAULT_ROUTER = "round-robin"
 MAX_REPLICAS = 4096
 
 
-def serves(router: str, predictor: Any) -> bool:
-    """Whether ``predictor`` (a predictor class or instance; None: no predictor) gives ``router``
-    what it reads: a router reading estimates needs a routing estimate (``router_estimate()``)."""
-    return ALL_ROUTERS[router].reads not in ESTIMATE_READS or (
-        predictor is not None and predictor.router_estimate() is not None)
+def serves(router: str | Router | type[Router], predictor: Any) -> bool:
+    """Whether ``predictor`` (a predictor class or instance; None: no predictor) gives ``router`` (a
+    registered name, ``NAME:SETTINGS``, or a router) what it reads: a router reading estimates needs a
+    routing estimate (``Predictor.router_estimate()``)."""
+    reads = (ALL_ROUTERS[router.partition(":")[0]] if isinstance(router, str) else router).reads
+    return reads not in ESTIMATE_READS or (predictor is not None and predictor.router_estimate() is not None)
+
+
+def check_replicas(replicas: int) -> None:
+    if isinstance(replicas, bool) or not isinstance(replicas, (int, np.integer)) or not 1 <= replicas <= MAX_REPLICAS:
+        raise ValueError(f"--replicas must be an integer from 1 to {MAX_REPLICAS}, got {replicas!r}")
+
+
+def check_fleet_pair(replicas: int, router: str | Router, predictors: Mapping[str, Any], predictor: str,
+                     flag: str = "--router") -> None:
+    """The rules of a fleet's replicas and its router/predictor pair, written once: replicas in
+    range, and a predictor (looked up in ``predictors``) able to serve the router."""
+    check_replicas(replicas)
+    if not serves(router, predictors.get(predictor)):
+        name = router.partition(":")[0] if isinstance(router, str) else router.name
+        able = ", ".join(n for n, c in predictors.items() if serves(router, c))
+        what = ALL_ROUTERS[name].reads.replace("_", " ").replace(" kv", " KV footprints")
+        raise ValueError(f"{flag} {name} reads {what}: --predictor {predictor} cannot serve it (choose from {able})")
 
 
 def check_router(replicas: int, router: str, predictors: Mapping[str, Any], predictor: str) -> None:
     """A fleet's replicas and router, before anything is loaded (the simulator's and the live fleet's
-    one check): replicas in range, a known router, and for a router reading predicted work a
-    predictor (looked up in the registry ``predictors``) that can serve it."""
-    if isinstance(replicas, bool) or not isinstance(replicas, (int, np.integer)) or not 1 <= replicas <= MAX_REPLICAS:
-        raise ValueError(f"--replicas must be an integer from 1 to {MAX_REPLICAS}, got {replicas!r}")
-    check_stage_router("--router", "arrival", router, predictors, predictor)
+    one check): a known arrival router with settings it accepts, and :func:`check_fleet_pair`."""
+    check_stage_router("--router", "arrival", router, predictors, predictor, replicas)
 
 
-def check_stage_router(flag: str, stage: str, spec: str, predictors: Mapping[str, Any], predictor: str) -> None:
+def check_stage_router(flag: str, stage: str, spec: str, predictors: Mapping[str, Any], predictor: str,
+                       replicas: int = 1) -> None:
     """A router given by ``flag`` (``NAME`` or ``NAME:SETTINGS``) for placements at ``stage``: known,
-    able to place there, settings it accepts, and for one reading estimates a predictor (in the
-    registry ``predictors``) that can serve it."""
+    able to place there, settings it accepts, and :func:`check_fleet_pair`."""
     router = spec.partition(":")[0]
     able_here = [n for n, c in ALL_ROUTERS.items() if stage in c.stages]
     if router not in ALL_ROUTERS:
@@ -81,11 +96,7 @@ def check_stage_router(flag: str, stage: str, spec: str, predictors: Mapping[str
     if stage not in ALL_ROUTERS[router].stages:
         raise ValueError(f"{flag} {router} places requests after prefill only (choose from {', '.join(able_here)})")
     make_router(spec)   # its settings, refused in one line
-    if not serves(router, predictors.get(predictor)):
-        able = ", ".join(n for n, c in predictors.items() if serves(router, c))
-        what = ALL_ROUTERS[router].reads.replace("_", " ").replace(" kv", " KV footprints")
-        raise ValueError(f"{flag} {router} reads {what}: --predictor {predictor} cannot serve it "
-                         f"(choose from {able})")
+    check_fleet_pair(replicas, spec, predictors, predictor, flag)
 
 
 def make_router(spec: str) -> Router:
@@ -110,4 +121,5 @@ def check_router_cache(spec: str, kv_blocks: bool, prefix_caching: bool) -> None
 
 
 __all__ = ["ALL_ROUTERS", "DECODE_ROUTERS", "DEFAULT_ROUTER", "MAX_REPLICAS", "ROUTERS", "FleetView", "Router",
-           "check_router", "check_router_cache", "check_stage_router", "make_router", "serves"]
+           "check_fleet_pair", "check_replicas", "check_router", "check_router_cache", "check_stage_router",
+           "make_router", "serves"]

@@ -50,9 +50,12 @@ def work_sum(estimate: np.ndarray, generated: np.ndarray, length: np.ndarray | N
     term = np.maximum(estimate - generated, 1.0)
     whole = np.floor(term)
     units = ((term - whole) * float(1 << FRACTION_BITS)).astype(np.int64)
-    hi, lo = units >> _HALF, units & ((1 << _HALF) - 1)
+    if len(units) < 1 << (63 - FRACTION_BITS):   # no int64 overflow: each unit count is below 2**52
+        fraction = int(units.sum())
+    else:
+        fraction = (int((units >> _HALF).sum()) << _HALF) + int((units & ((1 << _HALF) - 1)).sum())
     true = 0 if length is None else int(np.maximum(length - generated, 1).sum())
-    return WorkSum(int(whole.astype(np.int64).sum()), (int(hi.sum()) << _HALF) + int(lo.sum()), true)
+    return WorkSum(int(whole.sum()), fraction, true)   # whole tokens sum exactly in float64 (< 2**53)
 
 
 class ReplicaAccounting:

@@ -21,7 +21,7 @@ from core.attributes import of_trace
 from core.trace import Trace
 from policies.base import Policy
 from predictors.base import Known, Predictor
-from routers import check_router
+from routers import check_fleet_pair, check_replicas
 from routers.base import Router
 from routers.snapshot import FleetBalance, ReplicaAccounting
 from simulator.config import EngineConfig
@@ -75,6 +75,7 @@ class FleetSimulation:
                  profile: EngineProfile, config: EngineConfig, seed: int = 0, charge_cost: bool = True,
                  step_clock: bool = False):
         arrival_s = checked_arrivals(workload, arrival_s)
+        check_replicas(replicas)   # before one predictor per replica is bound
         if step_clock:
             check_step_clock(arrival_s, profile, charge_cost)
         order = np.argsort(arrival_s, kind="stable")   # ties keep row (submission) order
@@ -90,7 +91,7 @@ class FleetSimulation:
         self.predictors = self._bind_predictors(make_predictor)
         first = self.predictors[0] if self.predictors else None
         name = first.name if first is not None else "none"
-        check_router(replicas, router.name, {name: first} if first is not None else {}, name)
+        check_fleet_pair(replicas, router, {name: first} if first is not None else {}, name)
         self._ran = False
 
     def _bind_predictors(self, make_predictor: Callable[[], Predictor | None]) -> list[Predictor]:
@@ -110,7 +111,8 @@ class FleetSimulation:
 
     def _table(self, index: int) -> RequestTable:
         """A replica's request table, reporting to the fleet's accounting as its engine runs."""
-        return AccountedTable(self.workload, np.full(self.n, np.inf), self.accounting, index)
+        return AccountedTable(self.workload, np.full(self.n, np.inf), self.accounting, index,
+                              predicted=self.router.reads == "predicted_work")
 
     def _replica(self, index: int, env: simpy.Environment) -> Replica:
         """One replica: an engine's parts (:func:`simulator.stepping.build_parts`, as the single

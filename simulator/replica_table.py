@@ -25,10 +25,10 @@ def replica_work(table: RequestTable, rows: np.ndarray, estimates: np.ndarray, r
     if not len(rows):
         return WorkSum()
     generated = table.generated[rows]
-    est = (np.where(np.isnan(table.ready_s[rows]), route_estimate[rows], estimates[rows]) if predicted
-           else np.ones(len(rows)))
-    got = work_sum(est, generated, table.length[rows] if true else None)
-    return got if predicted else WorkSum(true=got.true)
+    if not predicted:   # the true work alone (integers): what the balance and oracle-work read
+        return WorkSum(true=int(np.maximum(table.length[rows] - generated, 1).sum()) if true else 0)
+    est = np.where(np.isnan(table.ready_s[rows]), route_estimate[rows], estimates[rows])
+    return work_sum(est, generated, table.length[rows] if true else None)
 
 
 class AccountedTable(RequestTable):
@@ -40,12 +40,13 @@ class AccountedTable(RequestTable):
     _resident: np.ndarray
 
     def __init__(self, workload: Trace, arrival: np.ndarray, accounting: ReplicaAccounting, index: int,
-                 events: bool = True):
+                 events: bool = True, predicted: bool = True):
         super().__init__(workload, arrival, None)
         self.attributes = defaults(self.n)   # filled row by row as requests are routed here
         self.route_estimate = np.zeros(self.n, dtype=np.float64)   # per local row, made at routing
         self._fleet, self._index = accounting, index
         self._accounting = accounting if events else None
+        self._predicted = predicted   # keep predicted work (a router reads it); the true work is always kept
 
     @property
     def resident(self) -> np.ndarray:
@@ -58,13 +59,16 @@ class AccountedTable(RequestTable):
             self._accounting.set_running(self._index, len(rows))
 
     def _work(self, rows: np.ndarray) -> WorkSum:
-        return replica_work(self, rows, self.predicted, self.route_estimate)
+        return replica_work(self, rows, self.predicted, self.route_estimate, self._predicted)
 
     def routed(self, row: int) -> None:
         """Local row ``row`` was just routed here (its arrival, prompt, length and routing estimate set)."""
         self._fleet.route(self._index, self._work(np.array([row])))
 
     def set_predictions(self, rows: np.ndarray, values: np.ndarray, now: float) -> None:
+        if not self._predicted or self._accounting is None:   # estimates move only predicted work
+            super().set_predictions(rows, values, now)
+            return
         live = rows[np.isnan(self.finish_s[rows])]
         before = self._work(live)
         super().set_predictions(rows, values, now)

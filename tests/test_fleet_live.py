@@ -31,7 +31,7 @@ ARRIVALS = [0, 0, 0, 1, 2, 5, 5, 9, 60, 60]
 @pytest.mark.skipif(not HAVE_MODEL, reason=f"needs the model directory at {MODEL} (the flags are checked "
                                            "after the model argument is parsed)")
 @pytest.mark.parametrize("case", ["seconds_clock", "unknown_router", "no_router_estimate", "zero", "too_many",
-                                  "server", "measure", "cache_router"])
+                                  "server", "measure", "cache_router", "engine_scored_estimate"])
 def test_bad_fleet_input_exits_2_before_the_engine(tmp_path, case, monkeypatch, capsys):
     out = tmp_path / "o.parquet"
     base = ["--model", str(MODEL), "--from", str(SOURCE), "--requests", "4", "--out", str(out),
@@ -46,6 +46,9 @@ def test_bad_fleet_input_exits_2_before_the_engine(tmp_path, case, monkeypatch, 
         "server": ([*steps, "--replicas", "2", "--server", "http://127.0.0.1:9"], "--server"),
         "measure": ([*steps, "--replicas", "2", "--capacity", "measure"], "--capacity measure"),
         "cache_router": ([*steps, "--replicas", "2", "--router", "weighted"], "--router weighted"),
+        # ssjf serves the simulator's least-work from the prompt, but live its score is the engine's
+        "engine_scored_estimate": ([*steps, "--replicas", "2", "--router", "least-work", "--predictor", "ssjf"],
+                                   "--predictor ssjf: a live fleet routes before any engine scores"),
     }[case]
     refused_before_the_engine([*base, *args], named, out, tmp_path, monkeypatch, capsys)
 

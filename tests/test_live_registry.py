@@ -54,3 +54,14 @@ def test_the_live_config_reads_the_hook_from_the_registry():
 
 def test_the_step_clock_replays_a_subset_of_the_live_predictors():
     assert set(TARGETS) <= set(LIVE_PREDICTORS)
+
+
+def test_every_live_predictor_serving_the_router_declares_its_live_routing_estimate():
+    """A live fleet's least-work reads the forced length (an oracle), the prior (hidden-state
+    predictors), or refuses the predictor by its declaration (one whose prompt-only estimate is the
+    engine's: ssjf)."""
+    got = {name: form.router_estimate for name, form in LIVE_PREDICTORS.items() if form.has_predictor}
+    assert got == {"oracle": "length", "leap": "prior", "leap-rls": "prior", "ssjf": None}
+    for name, form in LIVE_PREDICTORS.items():
+        assert form.has_predictor == (name != NO_PREDICTOR)
+        assert form.learns_online == (name == "leap-rls") and form.prompt_text == (name == "ssjf")

@@ -32,7 +32,7 @@ class StatsLog:
         self.last_log = time.monotonic()
         cfg = scheduler.leap_config
         self.label = f"{cfg.policy}/{cfg.predictor}, {cfg.decode_slots} of {cfg.max_resident} decode"
-        self.source = "the hook" if cfg.needs_hook else None if cfg.predictor == "none" else "arrival"
+        self.source = "the hook" if cfg.needs_hook else "arrival" if cfg.form.has_predictor else None
         self._reset()
         pred = scheduler.leap_predictor
         if hasattr(pred, "on_publish"):

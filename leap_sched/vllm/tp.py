@@ -27,7 +27,7 @@ MAX_DEPTH = 8
 def hook_args(cfg: LiveSchedulerConfig) -> tuple:
     """``lv_install``'s arguments after the channel: the read-out's layer, folded weights, keep vectors."""
     readout = cfg.readout_file()
-    return readout.info["layer"], readout.folded(), cfg.predictor == "leap-rls"
+    return readout.info["layer"], readout.folded(), cfg.form.learns_online
 
 
 def engine_executor():

@@ -23,6 +23,7 @@ class Leap(Predictor):
 
     name = "leap"
     stage = "prefill"
+    live = live_hook = True
     compiled, scores_at_arrival, serves_router = True, False, True
     why_not = {"scores_at_arrival": "it reads the serving model's hidden state, which exists only once prefill "
                                     "reaches the tapped layer"}
