@@ -111,6 +111,8 @@ def plot(table: list[dict], path: Path) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for r in table:
+        if r["policy"] == "fcfs" and r["predictor"] != "none":
+            continue   # FCFS reads no estimate: one point for it
         (x, dx), (y, dy) = r["mean_ptl_s"], r["p99_e2e_s"]
         marker = {"none": "o", "oracle": "s"}.get(r["predictor"], "^")
         ax.errorbar(x, y, xerr=dx, yerr=dy, fmt=marker, capsize=2)

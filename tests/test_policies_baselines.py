@@ -199,3 +199,12 @@ def test_slack_mlfq_by_hand():
     got = keys(slack, v)
     assert got[:3] == [1e6 + 5.0, 7.5, 6.0] and got[3] < 0
     assert rank(slack, v, np.arange(4), 4).tolist() == [3, 2, 1, 0]
+
+
+def test_policy_all_without_slos_leaves_edf_out_with_a_note(capsys):
+    assert main(["--trace", TRACE, "--json", "--requests", "60", "--load", "1.5x", "--policy", "all",
+                 "--predictor", "none"]) == 0
+    out, err = capsys.readouterr()
+    ran = {json.loads(x)["policy"] for x in out.splitlines() if x.strip()}
+    assert ran == {p for p, c in POLICIES.items() if not c.uses_predictions and not c.needs_slo}
+    assert "--policy all leaves out edf (it needs --slo)" in err
