@@ -4,16 +4,25 @@ before anything runs: one line, exit 2 (``core.errors.UsageError``)."""
 
 from __future__ import annotations
 
+import sys
+
 from core.errors import UsageError
 from policies import POLICIES, make_policy
 from policies.settings import typed_settings
 
 
-def expand_policies(names: list[str | None]) -> list[str | None]:
-    """``all`` = every registered policy, in registry order (duplicates dropped)."""
+def expand_policies(names: list[str | None], slo_given: bool) -> list[str | None]:
+    """``all`` = every registered policy, in registry order (duplicates dropped), less those built
+    from SLOs (``edf``) when the run has none (a note says so; named alone they are refused)."""
     out: list[str | None] = []
     for name in names:
-        out += list(POLICIES) if name == "all" else [name]
+        if name != "all":
+            out.append(name)
+            continue
+        left_out = [p for p, cls in POLICIES.items() if cls.needs_slo and not slo_given]
+        if left_out:
+            print(f"simulate: note: --policy all leaves out {', '.join(left_out)} (it needs --slo)", file=sys.stderr)
+        out += [p for p in POLICIES if p not in left_out]
     return list(dict.fromkeys(out))
 
 

@@ -3,7 +3,7 @@ t-intervals (``experiments.fleet_study.interval``) and a mean-vs-tail frontier p
 
     simulate --trace sharegpt --load 1.5x --seeds 5 --json --slo ttft:2000 tpot:100 \\
         --predictor leap-rls --policy fcfs,countdown,slack-countdown > runs.jsonl
-    python -m experiments.policy_study runs.jsonl [more.jsonl ...] [--plot frontier.png]
+    python -m experiments.policy_study runs.jsonl [more.jsonl=LABEL ...] [--plot frontier.png]
 
 One row per (trace, load, predictor, policy): each figure is the mean over seeds ± its 95%
 t-interval; "NL vs FCFS" is the paired change against FCFS under the same predictor (its
@@ -30,10 +30,12 @@ METRICS = (("mean NL (s/token)", "mean_ptl_s", 1.0), ("p99 e2e (s)", "p99_e2e_s"
            ("goodput (req/s)", "request_goodput", 1.0))
 
 
-def read_runs(paths: list[Path]) -> list[dict]:
-    """Every summary line of the files (one JSON object a line, as ``simulate --json`` writes)."""
+def read_runs(paths: list[Path], labels: dict[Path, str] | None = None) -> list[dict]:
+    """Every summary line of the files (one JSON object a line, as ``simulate --json`` writes); a
+    file's label (``FILE=LABEL``: runs with a setting) is added to the names of its policies but FCFS."""
     runs = []
     for path in paths:
+        label = (labels or {}).get(path)
         try:
             lines = path.read_text().splitlines()
         except OSError as exc:
@@ -47,6 +49,8 @@ def read_runs(paths: list[Path]) -> list[dict]:
                 raise UsageError(f"{path}:{number}: not a JSON line of simulate --json") from None
             if not isinstance(run, dict) or "mean_ptl_s" not in run or "seed" not in run:
                 raise UsageError(f"{path}:{number}: not a run summary (no mean_ptl_s or seed)")
+            if label and run["policy"] != "fcfs":
+                run = {**run, "policy": f"{run['policy']} ({label})"}
             runs.append(run)
     if not runs:
         raise UsageError("no runs in the given files")
@@ -107,6 +111,8 @@ def plot(table: list[dict], path: Path) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for r in table:
+        if r["policy"] == "fcfs" and r["predictor"] != "none":
+            continue   # FCFS reads no estimate: one point for it
         (x, dx), (y, dy) = r["mean_ptl_s"], r["p99_e2e_s"]
         marker = {"none": "o", "oracle": "s"}.get(r["predictor"], "^")
         ax.errorbar(x, y, xerr=dx, yerr=dy, fmt=marker, capsize=2)
@@ -120,10 +126,13 @@ def plot(table: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="policy_study", description=__doc__.splitlines()[0])
-    ap.add_argument("files", nargs="+", type=Path, help="simulate --json output files")
+    ap.add_argument("files", nargs="+", help="simulate --json output files; FILE=LABEL adds LABEL to the "
+                    "names of the file's policies (runs with a --setting)")
     ap.add_argument("--plot", type=Path, help="write the mean-vs-tail frontier plot here (PNG)")
     args = ap.parse_args(argv)
-    table = sorted(rows(read_runs(args.files)), key=lambda r: (r["trace"], r["load"], r["predictor"] != "none",
+    given = [(Path(f.partition("=")[0]), f.partition("=")[2]) for f in args.files]
+    runs = read_runs([p for p, _ in given], {p: label for p, label in given if label})
+    table = sorted(rows(runs), key=lambda r: (r["trace"], r["load"], r["predictor"] != "none",
                                                                r["predictor"], r["mean_ptl_s"][0]))
     sys.stdout.write(markdown(table))
     if args.plot is not None:

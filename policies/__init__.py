@@ -16,6 +16,7 @@ from policies.mlfq import MLFQ
 from policies.priority import Priority
 from policies.settings import typed_settings
 from policies.slack_countdown import SlackCountdown
+from policies.slack_mlfq import SlackMLFQ
 from policies.ssjf_starvation import SSJFStarvation
 from policies.trail_preemption import TrailPreemption
 
@@ -32,6 +33,7 @@ POLICIES: dict[str, type[Policy]] = {
     "priority": Priority,
     "edf": EDF,
     "slack-countdown": SlackCountdown,
+    "slack-mlfq": SlackMLFQ,
 }
 
 

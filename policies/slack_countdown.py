@@ -45,12 +45,14 @@ class SlackCountdown(Policy):
             raise ValueError(f"slack-countdown: horizon_s and token_s must be > 0, got {horizon_s}, {token_s}")
         self.horizon_s, self.token_s = horizon_s, token_s
 
-    def slack_keys(self, view: SchedulerView, rows: np.ndarray, left: np.ndarray) -> np.ndarray:
-        """Countdown's key ``left`` where slack remains; URGENT + deadline where it is spent."""
+    def slack_keys(self, view: SchedulerView, rows: np.ndarray, left: np.ndarray,
+                   base: np.ndarray | None = None) -> np.ndarray:
+        """``base`` (default countdown's key ``left``) where slack remains; URGENT + deadline where it
+        is spent (``left``: the predicted remaining tokens)."""
         rows = np.asarray(rows, dtype=np.int64)
         deadline = view.arrival_s[rows] + self.horizon_s
         urgent = deadline - view.now - self.token_s * left <= 0.0
-        return np.where(urgent, URGENT + deadline, left)
+        return np.where(urgent, URGENT + deadline, left if base is None else base)
 
     def decode_keys(self, view: SchedulerView, rows):
         return self.slack_keys(view, rows, remaining(view, rows))

@@ -188,3 +188,23 @@ def test_slack_countdown_is_countdown_while_no_slack_is_spent(left, horizon):
     v = view([5] * n, [0] * n, predicted=left)
     slack = make_policy("slack-countdown", [("horizon_s", horizon), ("token_s", horizon / 1000.0)])
     assert rank(slack, v, np.arange(n), n).tolist() == rank(make_policy("countdown"), v, np.arange(n), n).tolist()
+
+
+def test_slack_mlfq_by_hand():
+    """horizon 10 s, token_s 1 s, now 1 (nobody urgent): MLFQ's queue first (quantum 16: 20 tokens out
+    is queue 1), then the predicted remaining (8 - 2 = 6 before 9.5 - 2 = 7.5); row 3 (arrived at -6,
+    4 left: slack 10 - 6 - 1 - 4 < 0) is urgent and goes first."""
+    slack = make_policy("slack-mlfq", [("horizon_s", 10.0), ("token_s", 1.0)])
+    v = view([5] * 4, [20, 2, 2, 1], arrival=[0.0, 0.0, 0.0, -6.0], predicted=[25.0, 9.5, 8.0, 5.0], now=1.0)
+    got = keys(slack, v)
+    assert got[:3] == [1e6 + 5.0, 7.5, 6.0] and got[3] < 0
+    assert rank(slack, v, np.arange(4), 4).tolist() == [3, 2, 1, 0]
+
+
+def test_policy_all_without_slos_leaves_edf_out_with_a_note(capsys):
+    assert main(["--trace", TRACE, "--json", "--requests", "60", "--load", "1.5x", "--policy", "all",
+                 "--predictor", "none"]) == 0
+    out, err = capsys.readouterr()
+    ran = {json.loads(x)["policy"] for x in out.splitlines() if x.strip()}
+    assert ran == {p for p, c in POLICIES.items() if not c.uses_predictions and not c.needs_slo}
+    assert "--policy all leaves out edf (it needs --slo)" in err
