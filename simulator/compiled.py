@@ -15,14 +15,11 @@ compiled steps (LEAP+RLS's prefill estimates from the live weights made in compi
 :mod:`simulator.kernel_online`). Policies FCFS, countdown and TRAIL's limited preemption (its locked rows merged
 into the (key, row) order at their key, -inf: first whatever a rank predictor's scores are),
 SSJF's starvation override (a starving decision by arrival), aging (keys re-made when its clock
-ticks) and LTR's starvation rule (its per-row state updated at the calls the reference makes; both
-:mod:`simulator.kernel_policies`); the roofline / fitted / unit
-profiles; chunked prefill, the KV budget, the step clock and closed loop included, with every
-predictor; the step log (``record_steps``: :mod:`simulator.kernel_log`, grown and read back in
-:mod:`simulator.compiled_log`). It is ``simulate``'s default kernel. A policy without a compiled
-form runs on the reference engine, and :func:`unsupported` says why (one line per process).
-Without numba the compiled kernel is unavailable and every run uses the reference engine (the
-pure-numpy path).
+ticks) and LTR's starvation rule (both :mod:`simulator.kernel_policies`); the roofline / fitted /
+unit profiles; chunked prefill, the KV budget, the step clock and closed loop, with every predictor;
+the step log (``record_steps``: :mod:`simulator.kernel_log`, :mod:`simulator.compiled_log`). It is
+``simulate``'s default kernel. A policy without a compiled form runs on the reference engine, and
+:func:`unsupported` says why (one line per process). Without numba every run uses the reference.
 
 Events between steps (an estimate ready after its step ended, an online update's publish) keep
 SimPy's order: by time, then creation. The kernel counts the step loop's timeouts (steps and idle

@@ -89,8 +89,9 @@ def test_queue_depth_and_kv_utilization():
 
 def _fleet(tmp_path, router, *flags, trace=EXAMPLE):
     out = tmp_path / router.replace(":", "_")
+    blocks = ["--block-size", "4"] if "--kv-blocks" in flags else []   # refused without KV blocks
     code = main(["--trace", str(trace), "--engine", "unit", "--arrivals", "recorded", "--replicas", "2",
-                 "--router", router, "--block-size", "4", "--prefill-budget", "8", "--predictor", "none",
+                 "--router", router, *blocks, "--prefill-budget", "8", "--predictor", "none",
                  *flags, "--quiet", "--jobs", "1", "--out", str(out)])
     return code, out
 

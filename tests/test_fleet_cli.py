@@ -103,9 +103,12 @@ def test_routers_compared_in_one_command(tmp_path, capsys):
                  "--out", str(out)]) == 0
     results = pq.read_table(out / "results.parquet").to_pylist()
     pairs = sorted((r["predictor"], r["router"]) for r in results)
-    assert pairs == sorted([("none", r) for r in ("round-robin", "least-requests", "power-of-two", "oracle-work")]
+    # without --kv-blocks, 'all' also leaves out the routers reading KV blocks or prefix caches
+    cacheless = ("prefix-affinity", "queue-depth", "vllm-dp")
+    assert pairs == sorted([("none", r) for r in ("round-robin", "least-requests", "power-of-two", "oracle-work",
+                                                  *cacheless)]
                            + [("oracle", r) for r in ("round-robin", "least-requests", "power-of-two", "least-work",
-                                                      "oracle-work")])
+                                                      "oracle-work", *cacheless)])
     assert {r["replicas"] for r in results} == {2}
     header = (out / "results.csv").read_text().splitlines()[0].replace('"', "")
     assert header.startswith("trace,predictor,policy,router,replicas,")
