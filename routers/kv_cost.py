@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from routers.base import FleetView, Router
-from routers.scorers import best, settings
+from routers.scorers import best, known_settings
 
 
 class KvCost(Router):
@@ -22,11 +22,8 @@ class KvCost(Router):
     needs_kv = needs_cache = True
 
     def configure(self, args: str) -> None:
-        given = settings(self.name, args)
-        self.lag = given.pop("lag", 0.0)
-        self.overlap = given.pop("overlap", 1.0)
-        if given:
-            raise ValueError(f"--router {self.name}: unknown setting {next(iter(given))!r} (overlap, lag)")
+        given = known_settings(self.name, args, {"overlap": 1.0, "lag": 0.0})
+        self.lag, self.overlap = given["lag"], given["overlap"]
 
     def cost(self, view: FleetView) -> np.ndarray:
         size, keys = view.block_size, view.prompt_keys or []

@@ -4,7 +4,7 @@ of its KV blocks held; ties to fewer outstanding requests, then the lowest index
 from __future__ import annotations
 
 from routers.base import FleetView, Router
-from routers.scorers import best, kv_utilization, settings
+from routers.scorers import best, known_settings, kv_utilization
 
 
 class KvUtilization(Router):
@@ -14,10 +14,7 @@ class KvUtilization(Router):
     needs_kv = True
 
     def configure(self, args: str) -> None:
-        given = settings(self.name, args)
-        self.lag = given.pop("lag", 0.0)
-        if given:
-            raise ValueError(f"--router {self.name}: unknown setting {next(iter(given))!r} (lag)")
+        self.lag = known_settings(self.name, args, {"lag": 0.0})["lag"]
 
     def choose(self, row: int, view: FleetView) -> int:
         return best(kv_utilization(view), view.outstanding)

@@ -6,7 +6,7 @@ lowest index. Needs the replicas' caches (``--kv-blocks``, prefix caching on).""
 from __future__ import annotations
 
 from routers.base import FleetView, Router
-from routers.scorers import best, precise_prefix, settings
+from routers.scorers import best, known_settings, precise_prefix
 
 
 class PrecisePrefix(Router):
@@ -16,10 +16,7 @@ class PrecisePrefix(Router):
     needs_kv = needs_cache = True
 
     def configure(self, args: str) -> None:
-        given = settings(self.name, args)
-        self.lag = given.pop("lag", 0.0)
-        if given:
-            raise ValueError(f"--router {self.name}: unknown setting {next(iter(given))!r} (lag)")
+        self.lag = known_settings(self.name, args, {"lag": 0.0})["lag"]
 
     def choose(self, row: int, view: FleetView) -> int:
         return best(precise_prefix(view), view.outstanding)

@@ -11,7 +11,7 @@ from collections import OrderedDict
 import numpy as np
 
 from routers.base import FleetView, Router
-from routers.scorers import best, settings
+from routers.scorers import best, known_settings
 
 
 class PrefixAffinity(Router):
@@ -20,11 +20,8 @@ class PrefixAffinity(Router):
     stages = ("arrival",)   # reads what only an arrival fleet's view holds (prompt keys, caches)
 
     def configure(self, args: str) -> None:
-        given = settings(self.name, args)
-        self.lag = given.pop("lag", 0.0)
-        self.capacity = int(given.pop("capacity", 0)) or None
-        if given:
-            raise ValueError(f"--router {self.name}: unknown setting {next(iter(given))!r} (lag, capacity)")
+        given = known_settings(self.name, args, {"lag": 0.0, "capacity": 0.0})
+        self.lag, self.capacity = given["lag"], int(given["capacity"]) or None
 
     def reset(self, replicas: int, seed: int) -> None:
         super().reset(replicas, seed)

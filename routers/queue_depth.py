@@ -4,7 +4,7 @@ not resident: queued, part-prefilled or preempted); ties to fewer outstanding, t
 from __future__ import annotations
 
 from routers.base import FleetView, Router
-from routers.scorers import best, queue_depth, settings
+from routers.scorers import best, known_settings, queue_depth
 
 
 class QueueDepth(Router):
@@ -13,10 +13,7 @@ class QueueDepth(Router):
     stages = ("arrival",)   # reads what only an arrival fleet's view holds (prompt keys, caches)
 
     def configure(self, args: str) -> None:
-        given = settings(self.name, args)
-        self.lag = given.pop("lag", 0.0)
-        if given:
-            raise ValueError(f"--router {self.name}: unknown setting {next(iter(given))!r} (lag)")
+        self.lag = known_settings(self.name, args, {"lag": 0.0})["lag"]
 
     def choose(self, row: int, view: FleetView) -> int:
         return best(queue_depth(view), view.outstanding)

@@ -23,6 +23,15 @@ def settings(name: str, args: str) -> dict[str, float]:
     return out
 
 
+def known_settings(name: str, args: str, defaults: dict[str, float]) -> dict[str, float]:
+    """:func:`settings` over each key's default; a key not in ``defaults`` refused in one line."""
+    given = settings(name, args)
+    unknown = [key for key in given if key not in defaults]
+    if unknown:
+        raise ValueError(f"--router {name}: unknown setting {unknown[0]!r} ({', '.join(defaults)})")
+    return {**defaults, **given}
+
+
 def queue_depth(view: FleetView) -> np.ndarray:
     """Fewer waiting requests score higher: (max - waiting) / (max - min), all 1 when equal."""
     assert view.waiting is not None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from routers.base import FleetView, Router
-from routers.scorers import settings
+from routers.scorers import known_settings
 
 
 class VllmDp(Router):
@@ -22,10 +22,7 @@ class VllmDp(Router):
     stages = ("arrival",)   # reads what only an arrival fleet's view holds (prompt keys, caches)
 
     def configure(self, args: str) -> None:
-        given = settings(self.name, args)
-        self.lag = given.pop("lag", 0.0)
-        if given:
-            raise ValueError(f"--router {self.name}: unknown setting {next(iter(given))!r} (lag)")
+        self.lag = known_settings(self.name, args, {"lag": 0.0})["lag"]
 
     def reset(self, replicas: int, seed: int) -> None:
         super().reset(replicas, seed)
