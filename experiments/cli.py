@@ -247,9 +247,9 @@ def _configs(args) -> list[RunConfig]:
         if name != NO_PREDICTOR and name not in PREDICTORS:
             raise UsageError(f"unknown predictor {name!r} (choose from {', '.join([*PREDICTORS, NO_PREDICTOR])})")
     _check_lengths_only(trace_name, predictors)
-    named = list(split_list("--policy", args.policy)) if args.policy is not None else None
+    policy_names = list(split_list("--policy", args.policy)) if args.policy is not None else []
     # None: FCFS without a predictor, countdown with one; all: every one
-    policies: list[str | None] = expand_policies(named, args.goodput is not None) if named else [None]
+    policies = expand_policies(policy_names, args.goodput is not None) if policy_names else [None]
     for policy_name in policies:
         if policy_name is not None and policy_name not in POLICIES:
             raise UsageError(f"unknown policy {policy_name!r} (choose from {', '.join(POLICIES)})")

@@ -11,7 +11,7 @@ from policies import POLICIES, make_policy
 from policies.settings import typed_settings
 
 
-def expand_policies(names: list[str | None], slo_given: bool) -> list[str | None]:
+def expand_policies(names: list[str], slo_given: bool) -> list[str | None]:
     """``all`` = every registered policy, in registry order (duplicates dropped), less those built
     from SLOs (``edf``) when the run has none (a note says so; named alone they are refused)."""
     out: list[str | None] = []

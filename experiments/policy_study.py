@@ -73,8 +73,8 @@ def rows(runs: list[dict]) -> list[dict]:
         row = {"trace": trace, "load": load, "predictor": predictor, "policy": policy, "seeds": sorted(seeds)}
         for _, metric, scale in METRICS:
             values = [seeds[s].get(metric) for s in sorted(seeds)]
-            row[metric] = (interval([v * scale for v in values]) if all(v is not None for v in values)
-                           else (float("nan"), float("nan")))
+            known = [float(v) * scale for v in values if v is not None]
+            row[metric] = interval(known) if len(known) == len(values) else (float("nan"), float("nan"))
         paired = [seeds[s]["mean_ptl_s"] / base[s]["mean_ptl_s"] - 1 for s in sorted(seeds) if s in base]
         tail = [seeds[s]["p99_e2e_s"] / base[s]["p99_e2e_s"] - 1 for s in sorted(seeds) if s in base]
         row["nl_vs_fcfs"] = interval(paired) if paired else (float("nan"), float("nan"))

@@ -66,4 +66,6 @@ def decode_view(fleet: PDFleet, reads: str) -> FleetView:
         prompt, generated, estimate, length = _requests(fleet, i)
         lengths = estimate if reads == "predicted_kv" else length.astype(np.float64)
         values[i] = _footprint(prompt, generated, lengths, size)
-    return FleetView(replicas=d, **{"kv_predicted" if reads == "predicted_kv" else "kv_true": values})
+    if reads == "predicted_kv":
+        return FleetView(replicas=d, kv_predicted=values)
+    return FleetView(replicas=d, kv_true=values)
