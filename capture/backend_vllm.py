@@ -277,6 +277,7 @@ class VLLMBackend(Backend):
         while pending or live:
             if not live and pending[0][0] > tick:
                 tick = int(pending[0][0])           # idle ticks: no engine step to run
+            self._give_tick(tick)
             while pending and pending[0][0] <= tick:
                 step, req, params = pending.popleft()
                 if step < tick:
@@ -348,6 +349,13 @@ class VLLMBackend(Backend):
         live[req.request_id] = {"req": req, "t0": t, "times": [], "n": 0, "internal": internal,
                                 **dict.fromkeys(STEP_MARKS), "arrival_step": step}
         return t
+
+    def _give_tick(self, tick: int) -> None:
+        """The step clock's tick to the project's scheduler (``LeapScheduler.leap_set_tick``), before
+        the tick's submissions and engine step: its policies' clock is then in ticks, as in the replay."""
+        set_tick = getattr(self._scheduler(), "leap_set_tick", None)
+        if set_tick is not None:
+            set_tick(tick)
 
     def _scheduler(self):
         """The engine core's scheduler where it runs in this process (uni executor), else None."""

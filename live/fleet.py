@@ -183,6 +183,8 @@ class LiveFleet:
         while pending or any(r.live for r in self.replicas):
             if not any(r.live for r in self.replicas) and pending[0][1][0] > tick:
                 tick = int(pending[0][1][0])          # idle ticks on every replica
+            for r in self.replicas:
+                r.backend._give_tick(tick)
             while pending and pending[0][1][0] <= tick:
                 row, (step, req, params) = pending.popleft()
                 index = int(self.router.choose(row, self._view()))

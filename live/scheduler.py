@@ -102,6 +102,7 @@ class LeapScheduler(Scheduler):
         self._leap_seq = 0
         self._leap_step = -1
         self._leap_wall0 = time.time()
+        self._leap_tick: int | None = None     # the step clock's tick, once the harness gives one
         self._leap_stats = _Stats()
         self._leap_t_start = 0.0
         self._leap_finished: dict[str, list] = {"request_id": [], "finish_step": [], "output_tokens": [],
@@ -116,11 +117,22 @@ class LeapScheduler(Scheduler):
                              "arguments with live.config.LiveSchedulerConfig(...).to_engine_args()")
         return LiveSchedulerConfig.from_dict(raw)
 
+    # ------------------------------------------------------------------ the clock
+    def leap_set_tick(self, tick: int) -> None:
+        """The step clock (docs/semantics.md "Step clock"): the harness gives each tick before its
+        submissions and its engine step, so a policy's clock (``SchedulerView.now``, ``arrival_s``)
+        is in ticks, as in the simulator's unit-time replay; without it the clock is wall seconds."""
+        self._leap_tick = int(tick)
+
+    def _leap_now(self) -> float:
+        return time.time() - self._leap_wall0 if self._leap_tick is None else float(self._leap_tick)
+
     # ------------------------------------------------------------------ requests
     def add_request(self, request) -> None:
         super().add_request(request)
         pred = self.leap_predictor
-        st = _ReqState(seq=self._leap_seq, arrival_s=float(request.arrival_time) - self._leap_wall0,
+        arrival = float(request.arrival_time) - self._leap_wall0 if self._leap_tick is None else self._leap_now()
+        st = _ReqState(seq=self._leap_seq, arrival_s=arrival,
                        predicted=pred.at_arrival(request))
         self._leap_req[request.request_id] = st
         if pred.stage == "arrival" and not pred.async_scores and not np.isnan(st.predicted):
@@ -195,7 +207,7 @@ class LeapScheduler(Scheduler):
         states = [self._leap_req[r.request_id] for r in new]
         n = len(new)
         view = SchedulerView(
-            now=time.time() - self._leap_wall0,
+            now=self._leap_now(),
             arrival_s=np.fromiter((s.arrival_s for s in states), dtype=np.float64, count=n),
             predicted=np.fromiter((s.predicted for s in states), dtype=np.float64, count=n),
             generated=np.zeros(n, dtype=np.int64), output_kind="length",
@@ -233,7 +245,7 @@ class LeapScheduler(Scheduler):
             n = len(cand)
             last_served = np.fromiter((s.last_served for s in states), dtype=np.int64, count=n)
             view = SchedulerView(
-                now=time.time() - self._leap_wall0,
+                now=self._leap_now(),
                 arrival_s=np.fromiter((s.arrival_s for s in states), dtype=np.float64, count=n),
                 predicted=np.fromiter((s.predicted for s in states), dtype=np.float64, count=n),
                 generated=np.fromiter((_generated(r) for r in cand), dtype=np.int64, count=n),

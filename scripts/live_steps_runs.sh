@@ -35,6 +35,7 @@ declare -A RUNS=(
   [leap-rls-1.3]="countdown leap-rls 1.3" [oracle-1.3]="countdown oracle 1.3"
   [fcfs-0.8]="fcfs none 0.8" [leap-0.8]="countdown leap 0.8"
   [leap-rls-0.8]="countdown leap-rls 0.8" [oracle-0.8]="countdown oracle 0.8"
+  [mlfq-1.3]="mlfq none 1.3" [slack-mlfq-1.3]="slack-mlfq leap-rls 1.3"   # their settings' defaults
 )
 ORDER=(fcfs-1.3 leap-1.3 leap-rls-1.3 oracle-1.3 fcfs-0.8 leap-0.8 leap-rls-0.8 oracle-0.8)
 [ $# -gt 0 ] && ORDER=("$@")

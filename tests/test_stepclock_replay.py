@@ -3,7 +3,10 @@ step-clocked serving run under traces/live/ (``*-steps-*.parquet``, found by glo
 are covered without editing) is replayed by the simulator alone (no vLLM) and every request's
 finish step must equal the live one: all of them for FCFS and oracle countdown, at least 99% for
 leap and leap-rls (their estimates come from the live engine's float hidden states); runs with a
-bound KV cache (``-kvN-``, ``leap-serve --kv-blocks``) hold each request's preemptions the same way.
+bound KV cache (``-kvN-``, ``leap-serve --kv-blocks``) hold each request's preemptions the same way,
+and every run its requests' admit and first-token steps to the same share. Among them are runs of
+policies beyond countdown (``HELD``): prediction-free ``mlfq`` and the tail-keeping LEAP policy
+``slack-mlfq`` on leap-rls, whose clock (its requests' deadlines) is the tick under the step clock.
 
 The live fleets under traces/live/fleet/ (``*-r*-*.parquet``: two engines in one process, docs/
 semantics.md "Live fleets") are replayed with ``--replicas 2 --router NAME``: every request's
@@ -24,12 +27,20 @@ LIVE = traces_dir() / "live"
 SINGLE = sorted(p for p in LIVE.glob("*-steps-*.parquet") if not p.name.endswith(SIDE_TABLE_SUFFIXES))
 FLEETS = sorted(p for p in (LIVE / "fleet").glob("*-r*-*.parquet") if not p.name.endswith(SIDE_TABLE_SUFFIXES))
 RUNS = SINGLE + FLEETS
+#: step-clocked sets that must stay committed: policies that key on prompts, attained service and the clock
+HELD = ("alpaca40-steps-mlfq-1.3", "alpaca40-steps-slack-mlfq-1.3")
 
 
 @pytest.mark.parametrize("runs", [SINGLE, FLEETS], ids=["single", "fleet"])
 def test_step_clocked_runs_are_committed(runs):
     assert runs, (f"no step-clocked serving run under {LIVE.name}/: record them with leap-serve --clock steps "
                   "(fleets: scripts/live_fleet_runs.sh)")
+
+
+@pytest.mark.parametrize("name", HELD)
+def test_held_policy_sets_are_committed(name):
+    assert name in {p.stem for p in SINGLE}, (f"{name}.parquet missing under {LIVE.name}/: record it with "
+                                              "scripts/live_steps_runs.sh (header: the small sets)")
 
 
 @pytest.mark.parametrize("path", RUNS, ids=[p.stem for p in RUNS])
@@ -46,7 +57,9 @@ def test_replay_finishes_every_request_at_the_live_step(path):
         assert row["preemptions_match_share"] >= target, (
             f"{path.name}: {row['preemptions_match_share']:.2%} of preemption counts equal (target {target:.0%}); "
             f"live {row['preemptions_live']}, simulated {row['preemptions_sim']}")
+    for field in ("admit_step", "first_token_step"):
+        assert row[f"{field}_match_share"] >= target, (
+            f"{path.name}: {row[f'{field}_match_share']:.2%} of {field}s equal (target {target:.0%}); "
+            f"first divergence at step {row['first_divergence_step']}")
     if path in FLEETS:
         assert row["replica_match_share"] >= target, f"{path.name}: {row['replica_match_share']:.2%} of replicas equal"
-        if target == 1.0:
-            assert row["admit_step_match_share"] == row["first_token_step_match_share"] == 1.0, path.name
