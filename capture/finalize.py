@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 from core.trace import is_complete, side_table_path, vectors_to_numpy
 
 from . import CaptureError
+from .schema import PREFIX_BLOCK
 from .store import atomic_write_table, dedupe_first
 
 PREFILL_COLS = ("feat_mean", "feat_entropy_pooled", "text_embedding")
@@ -124,6 +125,8 @@ def finalize(store, prompts, meta: dict, backend_info: dict | None, hidden: int,
         runs = json.loads(prev.read_text()) + runs
     bi = dict(backend_info or {})
     meta = dict(meta)
+    if "prefix_hashes" in table.column_names:   # the column's block size travels with it (docs/traces.md)
+        meta.setdefault("prefix_block_size", PREFIX_BLOCK)
     meta.update({
         "backend": bi.get("backend"),
         "backend_version": bi.get("backend_version"),
