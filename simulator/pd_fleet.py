@@ -241,13 +241,6 @@ class PDFleet(FleetSimulation):
             decoder.pending = (batch, decoder.step, now, duration, now + duration)
             yield env.timeout(duration)
 
-    def _router_loop(self, env: simpy.Environment):
-        while self.next_row < self.n:
-            wait = self.arrival[self.next_row] - env.now
-            if wait > 0:
-                yield env.timeout(wait)
-            self._sync(env.now)
-
     def _pd_result(self, sim_cpu_s: float) -> RunResult:
         from simulator.pd_result import pd_result
         return pd_result(self, sim_cpu_s)
