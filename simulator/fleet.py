@@ -51,6 +51,16 @@ class Replica:
     driver: NoPrediction = field(default_factory=NoPrediction)
     estimates: np.ndarray | None = None    # the estimates the engine schedules on (None: its table's)
 
+    def land_if_due(self, now: float) -> Batch | None:
+        """Land this replica's step if it ends at ``now``: its batch, or None when none ends then."""
+        if self.pending is None or self.pending[4] != now:
+            return None
+        batch, step, start, duration, end = self.pending
+        self.pending = None
+        self.parts.end(batch, step, start, duration, end)
+        self.step += 1
+        return batch
+
     def unfinished(self) -> np.ndarray:
         """Local rows routed here and not finished (waiting, prefilling or decoding)."""
         t = self.parts.table
@@ -161,11 +171,7 @@ class FleetSimulation:
     def _sync(self, now: float) -> None:
         """Land every step ending at ``now`` (replica order), then route every arrival up to ``now``."""
         for replica in self.fleet:
-            if replica.pending is not None and replica.pending[4] == now:
-                batch, step, start, duration, end = replica.pending
-                replica.pending = None
-                replica.parts.end(batch, step, start, duration, end)
-                replica.step += 1
+            if replica.land_if_due(now) is not None:
                 self._kv_changed(replica)
         while self.next_row < self.n and self.arrival[self.next_row] <= now:
             self._route(self.next_row)

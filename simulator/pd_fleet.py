@@ -124,19 +124,12 @@ class PDFleet(FleetSimulation):
         instances (row order); start the transfers whose blocks are free; land those arriving now."""
         prefilled: list[int] = []
         for replica in self.fleet:
-            if replica.pending is not None and replica.pending[4] == now:
-                batch, step, start, duration, end = replica.pending
-                replica.pending = None
-                replica.parts.end(batch, step, start, duration, end)
-                replica.step += 1
+            batch = replica.land_if_due(now)
+            if batch is not None:
                 self._kv_changed(replica)
                 prefilled += replica.rows[batch.first].tolist()
         for decoder in self.decoders:
-            if decoder.pending is not None and decoder.pending[4] == now:
-                batch, step, start, duration, end = decoder.pending
-                decoder.pending = None
-                decoder.parts.end(batch, step, start, duration, end)
-                decoder.step += 1
+            decoder.land_if_due(now)
         while self.next_row < self.n and self.arrival[self.next_row] <= now:
             self._route(self.next_row)
             self.next_row += 1
