@@ -101,3 +101,17 @@ def check_decode_slots(decode_slots: int, max_resident: int, error: type[Excepti
     if decode_slots > max_resident:
         raise error(f"--decode-slots {decode_slots}: decode-slots ({decode_slots}) cannot exceed max-resident "
                     f"({max_resident}): only resident requests decode")
+
+
+def own_requests_arrivals(trace: str | None, arrivals: str) -> tuple[str | None, str]:
+    """``--arrivals FILE.jsonl``: a public trace that carries its requests with its times (Mooncake)
+    replays those requests at their own times stretched to ``--load``, i.e. ``--trace FILE
+    --arrivals trace`` (a timestamps CSV, by contrast, times another trace's requests)."""
+    if not arrivals.lower().endswith((".jsonl", ".json")):
+        return trace, arrivals
+    if not Path(arrivals).is_file():
+        raise UsageError(f"--arrivals {arrivals}: no such file")
+    if trace is not None and Path(trace) != Path(arrivals):
+        raise UsageError(f"--arrivals {arrivals} carries its own requests (lengths, prefix hashes) and times "
+                         f"them; it cannot time --trace {trace}: drop --trace, or give --arrivals a .csv of timestamps")
+    return arrivals, "trace"

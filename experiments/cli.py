@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from core.arrivals import parse_load
-from core.checks import bounded_int, check_decode_slots, output_path, split_list
+from core.checks import bounded_int, check_decode_slots, output_path, own_requests_arrivals, split_list
 from core.errors import OneLineParser, UsageError, run_command
 from core.io import remove_stale_temps
 from core.trace import TraceError, bundled_trace_names, load_trace
@@ -98,10 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                    f"trace's steps table: out of sample) (default {DEFAULT_PROFILE}; unit with --arrivals steps)")
     p.add_argument("--load", default=None, help="comma list of multiples of FCFS capacity, e.g. 0.5x,1x,1.5x "
                    f"(default {DEFAULT_LOAD}; not with --arrivals recorded/closed)")
-    p.add_argument("--arrivals", default="poisson", help="poisson | trace | FILE.csv of timestamps (rescaled to the "
-                   "load's mean rate) | recorded (each request at its own arrival_s, unscaled) | closed:N (closed "
-                   "loop, N in flight; 'closed': the recording's own window) | steps (a step-clocked run: each "
-                   "request at its arrival_step, every step 1.0, no predictor cost)")
+    p.add_argument("--arrivals", default="poisson", help="poisson | trace | FILE.csv of timestamps (rescaled to the load's "
+                   "mean rate) | FILE.jsonl (Mooncake: --trace FILE --arrivals trace) | recorded (each request at "
+                   "its own arrival_s, unscaled) | closed:N (N in flight; 'closed': the recording's own window) | "
+                   "steps (a step-clocked run: each request at its arrival_step, every step 1.0, no predictor cost)")
     p.add_argument("--preset", choices=PRESETS, help="recorded: the engine settings of the trace's own vLLM "
                    "recording (caps, token budget, chunked prefill, decodes in the budget); explicit engine "
                    "flags override single settings")
@@ -227,6 +227,7 @@ def _configs(args) -> list[RunConfig]:
     if args.seed + args.seeds - 1 > MAX_SEED:   # results tables store seeds as int64
         raise UsageError(f"--seed {args.seed} --seeds {args.seeds}: seeds must stay below 2**63 "
                          f"(the last would be {args.seed + args.seeds - 1})")
+    args.trace, args.arrivals = own_requests_arrivals(args.trace, args.arrivals)
     trace_name = args.trace
     if trace_name is None:   # the recorded serving trace once it is complete, else the lengths-only one
         names = bundled_trace_names()

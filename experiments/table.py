@@ -31,6 +31,8 @@ DROP_ORDER = ["mean_ttft_s", "vs_fcfs_p95_e2e_s", "p99_tpot_ms", "vs_fcfs_mean_p
 #: The terms of the compact table, in parts of at most 100 characters (one line each when narrow).
 LEGEND = ("s; TPOT ms | e2e: arrival to last token | TTFT: to first token | NL: normalized latency, e2e / "
           "output tokens (once PTL) | TPOT: time per output token after the first, (e2e - TTFT) / (output tokens - 1)")
+#: Said under the table when a column of prefix-cache hits is shown.
+HIT_LEGEND = " | hit rate: share of prompt tokens found in the prefix cache at admission"
 WIDE_LEGEND = (" | ITL ms | ITL: gap between a request's tokens (from each request's mean gap in the simulator)"
                " | vs: change against FCFS (LEAP) at the same load and seed, - is faster | long p95: p95 e2e of "
                "the longest-output decile | saturated: share of steps with more ready requests than decode "
@@ -62,7 +64,7 @@ def _cell(s: dict, name: str) -> str:
         return "-" if value is None else f"{value:g}x"
     if name.startswith("vs_"):
         return "-" if value is None else f"{round(value * 100):+d}%".replace("+0%", "0%")
-    if name in ("spearman", "kendall_tau", "saturated_share"):
+    if name in ("spearman", "kendall_tau", "saturated_share", "prefix_hit_rate"):
         return f"{value:.3f}" if value is not None else "-"
     if name.endswith("_ms"):
         return f"{value:.0f}" if value is not None and abs(value) >= 100 else (
@@ -108,6 +110,8 @@ def print_table(summaries: list[dict], wide: bool = False) -> None:
         columns.insert(3, ("seed", "seed"))
     if any("router" in s for s in summaries):   # a fleet: which router (the replicas are in the header)
         columns.insert(2, ("router", "router"))
+    if any("prefix_hit_rate" in s for s in summaries):   # prefix caching on: the share of prompt tokens cached
+        columns.insert(len(columns) - (0 if wide else 1), ("hit rate", "prefix_hit_rate"))
     headers = dict((name, head) for head, name in columns)
 
     def build(kept: list[str]) -> Table:
@@ -125,7 +129,8 @@ def print_table(summaries: list[dict], wide: bool = False) -> None:
     for line in header_lines(header(summaries[0]), width):
         console.print(line, style="italic", soft_wrap=True)
     console.print(table)
-    for line in header_lines((LEGEND + (WIDE_LEGEND if wide else "")).split(" | "), width):
+    hits = HIT_LEGEND if "prefix_hit_rate" in headers else ""
+    for line in header_lines((LEGEND + hits + (WIDE_LEGEND if wide else "")).split(" | "), width):
         console.print(line, soft_wrap=True)
     if dropped:
         console.print(f"not shown at {width} columns: {', '.join(headers[n] for n in dropped)} (--wide shows "

@@ -228,3 +228,32 @@ def test_ray_sweep_ships_the_trace_once_per_worker(tmp_path):
 
     assert simulated(shipped) == simulated(local)
     assert (tmp_path / "ray" / "results.parquet").read_bytes() == (tmp_path / "local" / "results.parquet").read_bytes()
+
+
+def _mooncake_slice(folder: Path) -> Path:
+    lines = [{"timestamp": 100 * i, "input_length": 520 + 8 * (i % 3), "output_length": 5 + i % 4,
+              "hash_ids": [0, 1 + i % 2] if i % 3 else [7]} for i in range(24)]
+    return write(folder, "mooncake_conversation_trace.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_mooncake_as_arrivals_is_its_own_requests_at_its_own_times(tmp_path, capsys):
+    """``--arrivals FILE.jsonl`` = ``--trace FILE --arrivals trace``: the same bytes; with the prefix
+    cache on (KV blocks), the table shows the hit rate."""
+    path = _mooncake_slice(tmp_path)
+    common = ["--engine", "unit", "--predictor", "none", "--kv-blocks", "400", "--block-size", "16", "--load", "1x"]
+    assert main(["--arrivals", str(path), *common, "--out", str(tmp_path / "a")]) == 0
+    table = capsys.readouterr().out
+    assert main(["--trace", str(path), "--arrivals", "trace", *common, "--out", str(tmp_path / "b"), "--quiet"]) == 0
+    for name in ("results.csv", "results.parquet"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["prefix_hit_rate"] > 0 and "hit rate" in table and f"{summary['prefix_hit_rate']:.3f}" in table
+
+
+def test_mooncake_arrivals_refuse_another_trace(tmp_path, capsys):
+    path = _mooncake_slice(tmp_path)
+    assert main(["--arrivals", str(path), "--trace", "sharegpt", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "carries its own requests" in err[0] and not (tmp_path / "o").exists()
+    assert main(["--arrivals", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o")]) == 2
+    assert "no such file" in capsys.readouterr().err
