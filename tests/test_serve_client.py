@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from vllm_server import HAVE, MODEL, ROOT, SKIP_REASON
 
+from core.patience import scaled
 from live.config import LiveSchedulerConfig
 
 SPACING_S = 1.5            # between sends
@@ -53,7 +54,7 @@ def test_unreachable_server_is_refused_before_anything(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "run.parquet"
-    r = run_cli(serve_args(f"http://127.0.0.1:{port}", out), tmp_path, timeout=120)
+    r = run_cli(serve_args(f"http://127.0.0.1:{port}", out), tmp_path, timeout=scaled(120))
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().count("\n") == 0 and f"--server http://127.0.0.1:{port}: cannot reach it" in r.stderr
     assert not out.exists() and not out.with_name(out.name + ".parts").exists()
@@ -80,7 +81,7 @@ def test_server_without_the_plugin_or_in_process_flags_are_refused(tmp_path, fla
     thread.start()
     try:
         out = tmp_path / "run.parquet"
-        r = run_cli([*serve_args(f"http://127.0.0.1:{httpd.server_address[1]}", out), *flags], tmp_path, timeout=120)
+        r = run_cli([*serve_args(f"http://127.0.0.1:{httpd.server_address[1]}", out), *flags], tmp_path, timeout=scaled(120))
     finally:
         httpd.shutdown()
         httpd.server_close()

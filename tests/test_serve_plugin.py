@@ -35,7 +35,7 @@ def send(server: Server, lengths: list[int], *, one_by_one: bool, model=MODEL,
     import openai
 
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none", max_retries=0,
-                           timeout=REQUEST_TIMEOUT_S)
+                           timeout=scaled(REQUEST_TIMEOUT_S))
     order, tokens = [], [0] * len(lengths)
     lock = threading.Lock()
     first = [threading.Event() for _ in lengths]
@@ -66,11 +66,11 @@ def send(server: Server, lengths: list[int], *, one_by_one: bool, model=MODEL,
         t.start()
         threads.append(t)
         if one_by_one:
-            assert first[i].wait(REQUEST_TIMEOUT_S), f"request {i}: no first token"
+            assert first[i].wait(scaled(REQUEST_TIMEOUT_S)), f"request {i}: no first token"
     if gate is not None:
         gate()
     for t in threads:
-        t.join(REQUEST_TIMEOUT_S)
+        t.join(scaled(REQUEST_TIMEOUT_S))
     assert not errors, errors
     assert len(order) == len(lengths), "some responses did not end"
     return order, tokens

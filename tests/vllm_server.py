@@ -72,7 +72,7 @@ class Server:
         self.pgid = self.proc.pid
 
     def get(self, path: str) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=30) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=scaled(30)) as r:
             return json.loads(r.read())
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
@@ -82,7 +82,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise AssertionError(f"server exited ({self.proc.returncode}) before /health:\n{self.tail()}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=scaled(5)) as r:
                     if r.status == 200:
                         return
             except OSError:
