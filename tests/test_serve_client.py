@@ -22,7 +22,6 @@ import pytest
 from vllm_server import HAVE, MODEL, ROOT, SKIP_REASON
 
 from core.patience import scaled
-from live.config import LiveSchedulerConfig
 
 SPACING_S = 1.5            # between sends
 EARLY_S = 0.05             # the client never sends before the planned time (a timer may wake this early)
@@ -94,12 +93,11 @@ def test_server_without_the_plugin_or_in_process_flags_are_refused(tmp_path, fla
 @pytest.mark.capture
 @pytest.mark.slow
 @pytest.mark.skipif(not HAVE, reason=SKIP_REASON)
-def test_fcfs_run_through_http_is_a_valid_serving_trace(server_factory, tmp_path):
+def test_fcfs_run_through_http_is_a_valid_serving_trace(fcfs_server, tmp_path):
+    """On the session's shared FCFS server (tests/conftest.py)."""
     from core.trace import load_trace
 
-    cfg = LiveSchedulerConfig(policy="fcfs", predictor="none", max_resident=8, decode_slots=1, wait_cap=0)
-    server = server_factory(cfg, "fcfs")
-    server.wait_ready()
+    server = fcfs_server
     url = f"http://127.0.0.1:{server.port}"
     csv = tmp_path / "arrivals.csv"
     csv.write_text("arrival_s\n" + "".join(f"{i * SPACING_S}\n" for i in range(N)))

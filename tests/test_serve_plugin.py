@@ -126,16 +126,18 @@ def test_countdown_oracle_two_slots_finishes_shortest_first(server_factory):
     server.wait_for_line(r"leap_sched: countdown/oracle, 2 of 8 decode, over vLLM's Scheduler")
 
 
-def test_fcfs_one_slot_finishes_in_arrival_order(server_factory):
-    cfg = LiveSchedulerConfig(policy="fcfs", predictor="none", max_resident=8, decode_slots=1, wait_cap=0)
-    server = server_factory(cfg, "fcfs")
-    server.wait_ready()
+def test_fcfs_one_slot_finishes_in_arrival_order(fcfs_server):
+    """On the session's shared FCFS server (tests/conftest.py; idle between tests: each test's
+    requests are one busy period of their own, logged after its mark)."""
+    server = fcfs_server
+    since = server.mark()
     lengths = [40, 32, 24, 16, 8]                                    # shortest-first would reverse them
     order, tokens = send(server, lengths, one_by_one=True)
     assert tokens == lengths
     assert order == list(range(len(lengths)))
     server.wait_for_line(r"leap_sched: fcfs/none, 1 of 8 decode, over vLLM's Scheduler")
-    m = server.wait_for_line(r"leap_sched: fcfs/none, 1 of 8 decode: \d+ steps, 5 finished, (\d+) decodes held")
+    m = server.wait_for_line(r"leap_sched: fcfs/none, 1 of 8 decode: \d+ steps, 5 finished, (\d+) decodes held",
+                             since=since)
     assert int(m.group(1)) > 0                                       # the single slot held requests back
 
 

@@ -112,13 +112,19 @@ class Server:
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.text().splitlines()[-n:])
 
-    def wait_for_line(self, pattern: str, timeout_s: float = 120.0) -> re.Match:
-        """The first log line matching ``pattern``, waiting (bounded) for the server to write it."""
+    def mark(self) -> int:
+        """Where the log ends now: ``wait_for_line(..., since=mark)`` reads only what comes after (a
+        server shared by several tests: each reads the lines its own requests caused)."""
+        return len(self.text())
+
+    def wait_for_line(self, pattern: str, timeout_s: float = 120.0, since: int = 0) -> re.Match:
+        """The first log line matching ``pattern`` (from offset ``since`` of the log on), waiting
+        (bounded) for the server to write it."""
         rx = re.compile(pattern)
         timeout_s = scaled(timeout_s)
         deadline = time.monotonic() + timeout_s
         while True:
-            for line in self.text().splitlines():
+            for line in self.text()[since:].splitlines():
                 m = rx.search(line)
                 if m:
                     return m
