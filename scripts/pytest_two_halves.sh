@@ -6,6 +6,7 @@
 # Each half has its own temporary folder (and so its own numba cache and read-out); they share
 # nothing else but the read-only checkout. The engine half's output follows the other's. Exit status:
 # the first failing half's; 5 (nothing collected) only when neither half collected anything.
+# Each half lists its 15 slowest tests (where the time goes, in every run of the test command).
 set -uo pipefail
 PY="$1"
 shift
@@ -14,13 +15,13 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 (
     rc=0
-    "$PY" -m pytest -q -p no:cacheprovider -m capture --basetemp "$tmp/engines" "$@" || rc=$?
+    "$PY" -m pytest -q -p no:cacheprovider -m capture --durations=15 --basetemp "$tmp/engines" "$@" || rc=$?
     date +%s >"$tmp/engines.end"
     exit "$rc"
 ) >"$tmp/engines.log" 2>&1 &
 engines=$!
 rest=0
-"$PY" -m pytest -q -p no:cacheprovider -m "not capture" --basetemp "$tmp/rest" "$@" || rest=$?
+"$PY" -m pytest -q -p no:cacheprovider -m "not capture" --durations=15 --basetemp "$tmp/rest" "$@" || rest=$?
 rest_done=$(date +%s)
 eng=0
 wait "$engines" || eng=$?
