@@ -8,6 +8,17 @@ import pytest
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+try:
+    from hypothesis import settings as _hypothesis_settings
+except ImportError:        # the hypothesis tests skip with their reason
+    pass
+else:
+    # no per-example deadline anywhere (a test's own @settings keeps its other choices): a wall-clock
+    # limit on an example fails a correct test at a load average of 20 on 2 cores, and says nothing
+    # about correctness; a hang is still bounded by the test's own (load-stretched) timeout
+    _hypothesis_settings.register_profile("leap-suite", deadline=None)
+    _hypothesis_settings.load_profile("leap-suite")
+
 
 def pytest_collection_modifyitems(config, items):
     """vLLM engines first, the compiled-kernel tests last: once numba's compiled objects are in ``sys.modules``,
@@ -99,3 +110,26 @@ def server_factory(tmp_path):
     for s in servers:
         s.stop()
         assert not group_members(s.pgid), f"processes left after stopping the server: {group_members(s.pgid)}"
+
+
+@pytest.fixture(scope="session")
+def fcfs_server(tmp_path_factory):
+    """One real ``vllm serve`` (FCFS, one decode slot of 8, no wait cap), shared by the tests that
+    only send it requests and read its log (tests/test_serve_plugin.py, tests/test_serve_client.py):
+    one engine start instead of one per test. A test reads the log lines after its own
+    ``server.mark()``; the server is stopped at the end of the session and no process of its group
+    may be left."""
+    from vllm_server import HAVE, SKIP_REASON, Server, group_members
+
+    from live.config import LiveSchedulerConfig
+
+    if not HAVE:
+        pytest.skip(SKIP_REASON)
+    cfg = LiveSchedulerConfig(policy="fcfs", predictor="none", max_resident=8, decode_slots=1, wait_cap=0)
+    server = Server(cfg, tmp_path_factory.mktemp("fcfs-server") / "fcfs.log")
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+    assert not group_members(server.pgid), f"processes left after stopping the server: {group_members(server.pgid)}"

@@ -32,6 +32,7 @@ from baseline_cases import (  # noqa: E402, F401
     untrained_trail,
 )
 
+from core.patience import scaled
 from core.trace import load_trace
 from policies import make_policy
 from predictors import make_predictor
@@ -176,7 +177,7 @@ def test_train_script_rejects_bad_settings_before_training(synth_path, setting, 
     import sys
     script = Path(__file__).resolve().parents[1] / "scripts" / "train_baselines.py"
     proc = subprocess.run([sys.executable, str(script), "--trace", str(synth_path), "--predictors", "trail",
-                           "--set", setting], capture_output=True, text=True, timeout=120)
+                           "--set", setting], capture_output=True, text=True, timeout=scaled(120))
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr, proc.stderr

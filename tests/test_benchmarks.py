@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from core.patience import scaled
 from core.trace import bundled_trace_names, load_trace, trace_from_arrays, trace_metadata
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +51,7 @@ def test_bench_simulator_runs(tmp_path):
     pq.write_table(trace.table.replace_schema_metadata(trace_metadata()), path)
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_simulator.py"), "--trace", str(path),
                            "--requests", "150", "--repeat", "1", "--scale", "300,600"], capture_output=True,
-                          text=True, env=bench_env(tmp_path), cwd=tmp_path, timeout=600)
+                          text=True, env=bench_env(tmp_path), cwd=tmp_path, timeout=scaled(600))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "150 requests (tiled from 40)" in proc.stdout
     assert proc.stdout.count("requests/CPU-s") == 6   # 3 cases x (reference, compiled)
@@ -68,7 +69,7 @@ def test_bench_simulator_runs(tmp_path):
 def test_bench_leap_runs(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_leap.py"), "--d", "64", "--n", "2000",
                            "--quick", "--json"], capture_output=True, text=True,
-                          env=bench_env(tmp_path), cwd=tmp_path, timeout=600)
+                          env=bench_env(tmp_path), cwd=tmp_path, timeout=scaled(600))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert isinstance(json.loads(proc.stdout), dict)
 
@@ -77,7 +78,7 @@ def test_bench_leap_breakdown_runs(tmp_path):
     # a slice of the recorded trace (leap reads its hidden states); numba's cache as the other kernel tests use it
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_leap_breakdown.py"), "--requests", "120",
-                           "--repeat", "1"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+                           "--repeat", "1"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=scaled(600))
     assert proc.returncode == 0, proc.stderr[-2000:]
     if "compiled kernel unavailable" in proc.stdout:
         return
@@ -89,7 +90,7 @@ def test_bench_leap_breakdown_runs(tmp_path):
 def test_bench_leap_breakdown_refuses_a_trace_without_hidden_states(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_leap_breakdown.py"), "--trace",
                            "sharegpt-lengths", "--repeat", "1"], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, timeout=600)
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, timeout=scaled(600))
     if "compiled kernel unavailable" in proc.stdout:
         return
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
@@ -100,7 +101,7 @@ def test_bench_leap_breakdown_refuses_a_trace_without_hidden_states(tmp_path):
 def test_bench_fleet_runs(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_fleet.py"), "--big", "60", "--per-replica",
                            "8", "--sizes", "1,2", "--d", "32", "--repeats", "3"], capture_output=True, text=True,
-                          env=bench_env(tmp_path), cwd=tmp_path, timeout=600)
+                          env=bench_env(tmp_path), cwd=tmp_path, timeout=scaled(600))
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     assert "16 replicas x 60 requests" in proc.stdout and "requests/CPU-s" in proc.stdout and "peak RSS" in proc.stdout

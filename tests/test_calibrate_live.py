@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from core.patience import scaled
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -41,7 +43,7 @@ def test_check_reproduces_the_calibration_shapes(tmp_path):
     out = tmp_path / "t.check"
     r = subprocess.run([sys.executable, "-m", "live.calibrate", "--model", str(MODEL), "--threads", cpu, "--quiet",
                         "--check", str(COMMITTED[0]), "--run", "t", "--out", str(out)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=scaled(900))
     assert r.returncode == 0, r.stderr[-2000:]
     check = load_calibration(out)
     assert check.kind == "check" and check.metadata["run"] == "t"

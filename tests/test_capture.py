@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from core.patience import scaled
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -71,7 +73,7 @@ def _prompt_file(tmp_path: Path) -> Path:
 
 def _run_cli(args, timeout=900):
     return subprocess.run([sys.executable, "-m", "capture.cli", *args], cwd=ROOT, env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=scaled(timeout))
 
 
 def _hf_reference(prompt_file: Path, layer: int):
@@ -245,8 +247,8 @@ def _run_then_kill_after_first_part(args, tmp_path, out) -> bool:
     proc = subprocess.Popen([sys.executable, "-m", "capture.cli", *args], cwd=ROOT, env=_env(),
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     parts = out.with_name(out.name + ".parts")
-    deadline = time.time() + 600
-    while time.time() < deadline and proc.poll() is None:
+    deadline = time.monotonic() + scaled(600)      # a hang guard: the event is the first part
+    while time.monotonic() < deadline and proc.poll() is None:
         if list(parts.glob("gen-*.parquet")):
             break
         time.sleep(0.2)

@@ -35,6 +35,7 @@ import pytest
 import tomllib
 
 from core.io import DataDirMissing, data_dir
+from core.patience import scaled
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -185,7 +186,7 @@ def ran(tmp_path_factory) -> dict[str, subprocess.CompletedProcess | str]:
     def run(item: tuple[str, str]) -> None:
         where, command = item
         results[where] = subprocess.run(["bash", "-c", command], cwd=checkout, env=env, capture_output=True,
-                                        text=True, timeout=600)
+                                        text=True, timeout=scaled(600))
 
     if todo:   # the first alone: a cold numba cache compiles the kernel once, not in two processes at once
         run(todo[0])

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from core.patience import scaled
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -55,7 +57,7 @@ def probe(tmp_path, name: str, env_extra: dict | None = None) -> dict:
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     proc = subprocess.run([sys.executable, str(script), SCRIPTS[name], name], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=300)
+                          env=env, cwd=ROOT, timeout=scaled(300))
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("PROBE "))
     return json.loads(line[len("PROBE "):])
@@ -97,7 +99,7 @@ def test_closed_output_pipe_ends_quietly(tmp_path):
     command = (f"set -o pipefail; {sys.executable} -c 'import sys; from experiments.entry import simulate; "
                "sys.exit(simulate())' --trace sharegpt-lengths --requests 60 --predictor none,oracle "
                "--load 1x,2x --jobs 1 --json | true")
-    proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, cwd=ROOT, timeout=scaled(300))
     assert "Traceback" not in proc.stderr and "Broken pipe" not in proc.stderr and "error" not in proc.stderr
     assert proc.returncode in (0, 141)
 
@@ -111,7 +113,7 @@ def test_results_do_not_depend_on_the_machine_thread_default(tmp_path):
         env.update(extra, PYTHONPATH=str(ROOT), LEAP_CACHE_DIR=str(tmp_path / "cache"))
         proc = subprocess.run([sys.executable, "-c", "import sys; from experiments.entry import simulate; "
                                "sys.exit(simulate())", "--trace", "sharegpt", "--predictor", "ltr", "--load", "1.5x",
-                               "--json"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+                               "--json"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=scaled(600))
         assert proc.returncode == 0, proc.stderr[-2000:]
         return json.loads(proc.stdout)
 

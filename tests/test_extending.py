@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from core.patience import scaled
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "extending.md"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -120,7 +122,7 @@ def run_command(argv: list[str], site: Path) -> subprocess.CompletedProcess:
         module, _, func = SCRIPTS[argv[0]].partition(":")
         cmd = [sys.executable, "-c", f"import sys; from {module} import {func}; sys.argv = {argv!r}; "
                f"sys.exit({func}())"]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=scaled(600))
 
 
 def test_the_recipes_count_and_name_files_that_exist():

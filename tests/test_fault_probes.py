@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.patience import scaled
 from experiments.cli import main
 from experiments.replay_errors import replay_errors
 
@@ -120,7 +121,7 @@ def test_a_closed_pipe_ends_quietly(json_lines):
     code = "import sys; from experiments.entry import simulate; sys.argv[0] = 'simulate'; sys.exit(simulate())"
     proc = subprocess.run([sys.executable, "-c", code, "--trace", TRACE, "--requests", "30", "--predictor",
                            "none,oracle", *(["--json"] if json_lines else [])],
-                          stdout=write_end, stderr=subprocess.PIPE, env=env, cwd=ROOT, timeout=600)
+                          stdout=write_end, stderr=subprocess.PIPE, env=env, cwd=ROOT, timeout=scaled(600))
     os.close(write_end)
     err = proc.stderr.decode()
     assert proc.returncode == 141, err

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from core.patience import scaled
 from tests.test_stepclock_live import (
     CPU,
     HAVE_MODEL,
@@ -71,7 +72,7 @@ def test_two_engine_fleet_equals_its_simulation(tmp_path, router):
                         "--max-resident", "2", "--decode-slots", "1", "--kv-space-gib", "1",
                         "--threads", CPU, "--clock", "steps", "--arrivals", _csv(tmp_path, ARRIVALS),
                         "--replicas", "2", "--router", router, "--out", str(out)],
-                       cwd=ROOT, env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=900)
+                       cwd=ROOT, env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=scaled(900))
     assert r.returncode == 0, r.stderr[-2000:]
     rows = pq.read_table(out).to_pylist()
     assert sorted({x["replica"] for x in rows}) == [0, 1]

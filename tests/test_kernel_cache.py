@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from core.patience import scaled
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba") is None,
                                 reason="numba is not installed (extra `fast`): no compiled kernel to cache")
@@ -31,7 +33,7 @@ def test_second_process_loads_the_cached_kernel_and_gets_the_same_bytes(tmp_path
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     runs = []
     for kernel in ("compiled", "compiled", "reference"):
-        proc = subprocess.run([sys.executable, "-c", RUN, kernel], env=env, capture_output=True, timeout=900,
+        proc = subprocess.run([sys.executable, "-c", RUN, kernel], env=env, capture_output=True, timeout=scaled(900),
                               check=False)
         assert proc.returncode == 0, proc.stderr.decode()[-2000:]
         runs.append(proc)

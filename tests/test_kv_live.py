@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.patience import scaled
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_stepclock_live import CPU, HAVE_MODEL, HAVE_VLLM, MODEL, ROOT, _env, needs_tokenizer  # noqa: E402
 
@@ -111,7 +113,7 @@ def test_a_bound_cache_preempts_and_equals_the_simulation(tmp_path, policy, pred
                         "--kv-blocks", "9", "--kv-block-size", "32", "--kv-space-gib", "1", "--threads", CPU,
                         "--policy", policy, "--predictor", predictor, "--arrivals", "poisson",
                         "--load", "1.3x", "--capacity", "0.5", "--out", str(out)],
-                       cwd=ROOT, env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=600)
+                       cwd=ROOT, env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=scaled(600))
     assert r.returncode == 0, r.stderr[-2000:]
     trace = load_trace(out)
     assert trace.metadata["serving"]["kv_blocks_bound"] == 9

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from core.patience import scaled
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: From the ground up. A new top-level package must be given a floor here.
@@ -231,5 +233,5 @@ def test_collecting_the_tests_loads_no_numba():
 
     code = ("import sys, pytest; pytest.main(['-q', '--collect-only', '-p', 'no:cacheprovider', 'tests']); "
             "print('NUMBA', 'numba' in sys.modules)")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=scaled(600))
     assert "NUMBA False" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]

@@ -22,6 +22,7 @@ from core.metrics import (
     rank_metrics,
     spearman,
 )
+from core.patience import scaled
 
 
 def brute_ranks(x):
@@ -129,7 +130,7 @@ def test_kendall_20k_is_fast():
     y = np.round(x + rng.standard_normal(20_000), 1)      # with many ties
     start = time.perf_counter()
     tau = kendall_tau_b(x, y)
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < scaled(2.0)      # O(n log n): an O(n^2) pass takes far longer
     # check against blocked brute force on a subsample
     sub = slice(0, 1500)
     assert kendall_tau_b(x[sub], y[sub]) == pytest.approx(brute_tau_b(x[sub], y[sub]), abs=1e-12)

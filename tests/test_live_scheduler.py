@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.patience import scaled
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -42,7 +44,7 @@ PROMPTS = [list(range(200 + 7 * i, 212 + 11 * i)) for i in range(len(LENGTHS))]
 def _cli(*args):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "leap_sched.vllm.check", *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+                          timeout=scaled(120))
 
 
 def _fake_readout(path: Path, hidden: int, layer: int = 24, column: str = "feat_last") -> Path:

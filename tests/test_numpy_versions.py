@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from core.patience import scaled
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -19,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_reduced_report_is_byte_identical_under_the_other_numpy(tmp_path):
     pytest.importorskip("matplotlib", reason="the report draws figures with matplotlib")
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_numpy_versions.py"), "--keep",
-                           str(tmp_path / "work")], capture_output=True, text=True, timeout=1740)
+                           str(tmp_path / "work")], capture_output=True, text=True, timeout=scaled(1740))
     if done.returncode == 2:
         pytest.skip(done.stderr.strip())
     assert done.returncode == 0, done.stderr

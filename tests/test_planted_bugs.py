@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.importers import import_table
+from core.patience import scaled
 from core.trace import TraceError, load_trace, trace_from_arrays, trace_metadata
 from experiments.replay_errors import replay_errors
 from experiments.steps_rebuild import main as rebuild_main
@@ -291,7 +292,7 @@ def test_the_compiled_kernel_bounds_continued_chunks_too(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(copy), LEAP_CACHE_DIR=str(tmp_path / "cache"))
     env.pop("NUMBA_CACHE_DIR", None)
     done = subprocess.run([sys.executable, "-c", _FORGETFUL_RUN + "\nprint(run('compiled'))\n"], cwd=copy, env=env,
-                          capture_output=True, text=True, timeout=540)
+                          capture_output=True, text=True, timeout=scaled(540))
     assert done.returncode == 0, done.stderr
     assert re_search(_OVERRUN, done.stdout.strip().splitlines()[-1]), done.stdout
 

@@ -21,6 +21,7 @@ import pytest
 from capture import CaptureError
 from capture.cli import main as capture_main
 from capture.prompts import load_prompts
+from core.patience import scaled
 from core.trace import TraceError, load_trace, trace_metadata
 from experiments.cli import main as simulate_main
 from experiments.report import main as report_main
@@ -261,7 +262,7 @@ def test_sigterm_before_any_run_started_is_one_line(tmp_path):
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=scaled(60))
     assert proc.returncode == 128 + signal.SIGTERM
     assert err.splitlines() == ["simulate: interrupted (signal SIGTERM) before any run started"], err
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from core.patience import scaled
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -49,7 +51,7 @@ def _env(cache: Path) -> dict:
 def _serve(args, cache, **kw):
     return subprocess.run([sys.executable, "-m", "live.serve", "--model", str(MODEL),
                            "--from", str(SOURCE), *args], cwd=ROOT, env=_env(cache),
-                          capture_output=True, text=True, timeout=600, **kw)
+                          capture_output=True, text=True, timeout=scaled(600), **kw)
 
 
 def _read(out: Path):
@@ -144,15 +146,15 @@ def test_killed_run_resumes_without_lost_or_duplicated_rows(tmp_path, sig):
                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True, preexec_fn=_ctrl_c_as_a_terminal_sends_it)
     parts = out.with_name(out.name + ".parts")
-    deadline = time.time() + 400
+    deadline = time.monotonic() + scaled(400)      # a hang guard: the event is the second part
     try:
-        while time.time() < deadline and p.poll() is None:
+        while time.monotonic() < deadline and p.poll() is None:
             if len(list(parts.glob("gen-*.parquet"))) >= 2:
                 break
             time.sleep(0.05)
         assert p.poll() is None, p.communicate()[1][-2000:]
         os.killpg(p.pid, sig)
-        _, err = p.communicate(timeout=300)   # a hang guard, not a deadline
+        _, err = p.communicate(timeout=scaled(300))   # a hang guard, not a deadline
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from vllm_server import HAVE, MODEL, ROOT, SKIP_REASON
 
-from live.config import LiveSchedulerConfig
+from core.patience import scaled
 
 SPACING_S = 1.5            # between sends
 EARLY_S = 0.05             # the client never sends before the planned time (a timer may wake this early)
@@ -53,7 +53,7 @@ def test_unreachable_server_is_refused_before_anything(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "run.parquet"
-    r = run_cli(serve_args(f"http://127.0.0.1:{port}", out), tmp_path, timeout=120)
+    r = run_cli(serve_args(f"http://127.0.0.1:{port}", out), tmp_path, timeout=scaled(120))
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().count("\n") == 0 and f"--server http://127.0.0.1:{port}: cannot reach it" in r.stderr
     assert not out.exists() and not out.with_name(out.name + ".parts").exists()
@@ -80,7 +80,7 @@ def test_server_without_the_plugin_or_in_process_flags_are_refused(tmp_path, fla
     thread.start()
     try:
         out = tmp_path / "run.parquet"
-        r = run_cli([*serve_args(f"http://127.0.0.1:{httpd.server_address[1]}", out), *flags], tmp_path, timeout=120)
+        r = run_cli([*serve_args(f"http://127.0.0.1:{httpd.server_address[1]}", out), *flags], tmp_path, timeout=scaled(120))
     finally:
         httpd.shutdown()
         httpd.server_close()
@@ -93,12 +93,11 @@ def test_server_without_the_plugin_or_in_process_flags_are_refused(tmp_path, fla
 @pytest.mark.capture
 @pytest.mark.slow
 @pytest.mark.skipif(not HAVE, reason=SKIP_REASON)
-def test_fcfs_run_through_http_is_a_valid_serving_trace(server_factory, tmp_path):
+def test_fcfs_run_through_http_is_a_valid_serving_trace(fcfs_server, tmp_path):
+    """On the session's shared FCFS server (tests/conftest.py)."""
     from core.trace import load_trace
 
-    cfg = LiveSchedulerConfig(policy="fcfs", predictor="none", max_resident=8, decode_slots=1, wait_cap=0)
-    server = server_factory(cfg, "fcfs")
-    server.wait_ready()
+    server = fcfs_server
     url = f"http://127.0.0.1:{server.port}"
     csv = tmp_path / "arrivals.csv"
     csv.write_text("arrival_s\n" + "".join(f"{i * SPACING_S}\n" for i in range(N)))

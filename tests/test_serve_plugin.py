@@ -35,7 +35,7 @@ def send(server: Server, lengths: list[int], *, one_by_one: bool, model=MODEL,
     import openai
 
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none", max_retries=0,
-                           timeout=REQUEST_TIMEOUT_S)
+                           timeout=scaled(REQUEST_TIMEOUT_S))
     order, tokens = [], [0] * len(lengths)
     lock = threading.Lock()
     first = [threading.Event() for _ in lengths]
@@ -66,11 +66,11 @@ def send(server: Server, lengths: list[int], *, one_by_one: bool, model=MODEL,
         t.start()
         threads.append(t)
         if one_by_one:
-            assert first[i].wait(REQUEST_TIMEOUT_S), f"request {i}: no first token"
+            assert first[i].wait(scaled(REQUEST_TIMEOUT_S)), f"request {i}: no first token"
     if gate is not None:
         gate()
     for t in threads:
-        t.join(REQUEST_TIMEOUT_S)
+        t.join(scaled(REQUEST_TIMEOUT_S))
     assert not errors, errors
     assert len(order) == len(lengths), "some responses did not end"
     return order, tokens
@@ -126,16 +126,18 @@ def test_countdown_oracle_two_slots_finishes_shortest_first(server_factory):
     server.wait_for_line(r"leap_sched: countdown/oracle, 2 of 8 decode, over vLLM's Scheduler")
 
 
-def test_fcfs_one_slot_finishes_in_arrival_order(server_factory):
-    cfg = LiveSchedulerConfig(policy="fcfs", predictor="none", max_resident=8, decode_slots=1, wait_cap=0)
-    server = server_factory(cfg, "fcfs")
-    server.wait_ready()
+def test_fcfs_one_slot_finishes_in_arrival_order(fcfs_server):
+    """On the session's shared FCFS server (tests/conftest.py; idle between tests: each test's
+    requests are one busy period of their own, logged after its mark)."""
+    server = fcfs_server
+    since = server.mark()
     lengths = [40, 32, 24, 16, 8]                                    # shortest-first would reverse them
     order, tokens = send(server, lengths, one_by_one=True)
     assert tokens == lengths
     assert order == list(range(len(lengths)))
     server.wait_for_line(r"leap_sched: fcfs/none, 1 of 8 decode, over vLLM's Scheduler")
-    m = server.wait_for_line(r"leap_sched: fcfs/none, 1 of 8 decode: \d+ steps, 5 finished, (\d+) decodes held")
+    m = server.wait_for_line(r"leap_sched: fcfs/none, 1 of 8 decode: \d+ steps, 5 finished, (\d+) decodes held",
+                             since=since)
     assert int(m.group(1)) > 0                                       # the single slot held requests back
 
 

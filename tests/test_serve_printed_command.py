@@ -19,6 +19,7 @@ import time
 import pytest
 from vllm_server import HAVE, MODEL, ROOT, SKIP_REASON
 
+from core.patience import scaled
 from live.http_client import SETTINGS_PATH
 
 pytestmark = [pytest.mark.capture, pytest.mark.skipif(not HAVE, reason=SKIP_REASON)]
@@ -55,7 +56,7 @@ def memory_taken():
         yield take
     finally:
         hog.stdin.close()
-        hog.wait(timeout=60)
+        hog.wait(timeout=scaled(60))
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,7 @@ def printed(tmp_path_factory):
                         "--policy", "countdown", "--predictor", "leap-rls", "--readout", "leap_readout.npz",
                         "--max-resident", "8", "--decode-slots", "2", "--update-every", "2"],
                        cwd=where, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-                       timeout=300)
+                       timeout=scaled(300))
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     out["_check_dir"] = str(where)
@@ -105,12 +106,12 @@ def test_the_printed_command_serves_from_another_folder_and_reports_what_check_p
     assert leap == {k: printed["leap"][k] for k in leap} and {"policy", "predictor", "decode_slots"} <= set(leap)
     assert served["leap"]["readout"].startswith("leap_readout.npz@sha256:")      # the file check was given
     assert printed["leap"]["readout"] == os.path.join(printed["_check_dir"], "leap_readout.npz")
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none", max_retries=0, timeout=300)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none", max_retries=0, timeout=scaled(300))
     started = time.monotonic()
     for n in (4, 6, 3):
         r = client.completions.create(model=model["path"], prompt="Say something.", max_tokens=n, temperature=0.0,
                                       extra_body={"min_tokens": n, "ignore_eos": True})
         assert r.usage.completion_tokens == n
-    assert time.monotonic() - started < 300
+    assert time.monotonic() - started < scaled(300)
     server.wait_for_line(r"leap_sched: countdown/leap-rls, 2 of 8 decode, over vLLM's Scheduler, wait cap 128, "
                          r"hook on layer \d+ \(/")

@@ -23,6 +23,7 @@ import pytest
 from test_serve_plugin import send
 from vllm_server import HAVE, MODEL, ROOT, SKIP_REASON
 
+from core.patience import scaled
 from live.http_client import SETTINGS_PATH
 
 # a compiled TP-2 start (two ranks tracing and compiling on one core each) took over 10 minutes under load
@@ -43,7 +44,7 @@ def check(padded, where, *args: str) -> dict:
     r = subprocess.run([sys.executable, "-m", "leap_sched.vllm.check", "--model", str(padded), "--kv-cache-gib", "1",
                         "--tensor-parallel-size", "2", "--max-resident", "8", "--decode-slots", "2", *args],
                        cwd=where, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-                       timeout=300)
+                       timeout=scaled(300))
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from core.patience import scaled
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -20,7 +22,7 @@ def test_no_cpu_torch_anywhere_fails_at_once_with_the_way_out(tmp_path):
     # no configuration file, no index, no wheel folder: pip can offer nothing (and needs no network)
     env.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1", VENV=str(tmp_path / "venv"), PYTHON=sys.executable)
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "setup_capture_env.sh")], env=env, cwd=tmp_path,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=scaled(600))
     assert proc.returncode == 1, proc.stderr
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
     assert len(lines) == 1, proc.stderr

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.patience import scaled
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -77,7 +79,7 @@ def test_step_clocked_run_records_consistent_steps(tmp_path):
                         "--max-resident", str(RESIDENT), "--decode-slots", str(RESIDENT), "--kv-space-gib", "1",
                         "--threads", CPU, "--clock", "steps", "--arrivals", _csv(tmp_path, ARRIVALS),
                         "--out", str(out)],
-                       cwd=ROOT, env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=600)
+                       cwd=ROOT, env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=scaled(600))
     assert r.returncode == 0, r.stderr[-2000:]
     trace = load_trace(out)
     rows = pq.read_table(out).to_pylist()

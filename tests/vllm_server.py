@@ -72,7 +72,7 @@ class Server:
         self.pgid = self.proc.pid
 
     def get(self, path: str) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=30) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=scaled(30)) as r:
             return json.loads(r.read())
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
@@ -82,7 +82,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise AssertionError(f"server exited ({self.proc.returncode}) before /health:\n{self.tail()}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=scaled(5)) as r:
                     if r.status == 200:
                         return
             except OSError:
@@ -112,13 +112,19 @@ class Server:
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.text().splitlines()[-n:])
 
-    def wait_for_line(self, pattern: str, timeout_s: float = 120.0) -> re.Match:
-        """The first log line matching ``pattern``, waiting (bounded) for the server to write it."""
+    def mark(self) -> int:
+        """Where the log ends now: ``wait_for_line(..., since=mark)`` reads only what comes after (a
+        server shared by several tests: each reads the lines its own requests caused)."""
+        return len(self.text())
+
+    def wait_for_line(self, pattern: str, timeout_s: float = 120.0, since: int = 0) -> re.Match:
+        """The first log line matching ``pattern`` (from offset ``since`` of the log on), waiting
+        (bounded) for the server to write it."""
         rx = re.compile(pattern)
         timeout_s = scaled(timeout_s)
         deadline = time.monotonic() + timeout_s
         while True:
-            for line in self.text().splitlines():
+            for line in self.text()[since:].splitlines():
                 m = rx.search(line)
                 if m:
                     return m

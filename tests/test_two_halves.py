@@ -1,0 +1,73 @@
+"""scripts/pytest_two_halves.sh (the test command's runner, scripts/test.sh): the engine tests (marker
+``capture``) and the rest run as two pytest processes side by side; every test runs in exactly one
+half, a failure in either half fails the command, and the arguments reach both halves. Checked on a
+tiny suite of its own (a temporary folder with its own pytest.ini)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.patience import scaled
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pytest_two_halves.sh"
+
+INI = """[pytest]
+markers =
+    capture: an engine test
+"""
+ENGINE = """import os, pytest
+
+@pytest.mark.capture
+def test_engine_a():
+    print("ran engine_a in", os.getpid())
+
+@pytest.mark.capture
+def test_engine_b():
+    assert os.environ.get("FAIL_ENGINE") != "1"
+"""
+REST = """import os
+
+def test_rest_a():
+    print("ran rest_a in", os.getpid())
+
+def test_rest_b():
+    assert os.environ.get("FAIL_REST") != "1"
+"""
+
+
+def _run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), sys.executable, *args], cwd=tmp_path, capture_output=True,
+                          text=True, env={**os.environ, **env}, timeout=scaled(300))
+
+
+@pytest.fixture
+def suite(tmp_path: Path) -> Path:
+    (tmp_path / "pytest.ini").write_text(INI)
+    (tmp_path / "test_engine.py").write_text(ENGINE)
+    (tmp_path / "test_rest.py").write_text(REST)
+    return tmp_path
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_each_test_runs_once_in_its_half_and_a_failure_in_either_half_fails(suite):
+    ok = _run(suite, "-rA")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    for name in ("test_engine_a", "test_engine_b", "test_rest_a", "test_rest_b"):
+        assert ok.stdout.count(f"PASSED test_{name.split('_')[1]}.py::{name}") == 1, ok.stdout
+    rest_out, engine_out = ok.stdout.split("the engine tests (-m capture) in", 1)
+    assert "2 passed, 2 deselected" in rest_out and "2 passed, 2 deselected" in engine_out, ok.stdout
+    assert "test_engine_a" not in rest_out and "test_rest_a" not in engine_out
+    for flag in ("FAIL_ENGINE", "FAIL_REST"):
+        bad = _run(suite, **{flag: "1"})
+        assert bad.returncode == 1, (flag, bad.stdout)
+    # the arguments reach both halves: -k selects in each; nothing selected anywhere is pytest's 5
+    one = _run(suite, "-k", "engine_a or rest_a", "-rA")
+    assert one.returncode == 0 and "PASSED test_engine.py::test_engine_a" in one.stdout, one.stdout
+    assert "PASSED test_rest.py::test_rest_a" in one.stdout and "test_rest_b" not in one.stdout, one.stdout
+    assert _run(suite, "-k", "no_such_test").returncode == 5
