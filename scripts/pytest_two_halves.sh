@@ -13,13 +13,13 @@ shift
 start=$(date +%s)
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-(
-    rc=0
-    "$PY" -m pytest -q -p no:cacheprovider -m capture --durations=15 --basetemp "$tmp/engines" "$@" || rc=$?
-    date +%s >"$tmp/engines.end"
-    exit "$rc"
-) >"$tmp/engines.log" 2>&1 &
+# The engine half runs in a session of its own, so that Ctrl-C or a TERM stops it and every server
+# it started (a background job's SIGINT is ignored in a script; its group is signalled instead).
+END="$tmp/engines.end" setsid bash -c 'rc=0; "$@" || rc=$?; date +%s >"$END"; exit "$rc"' _ \
+    "$PY" -m pytest -q -p no:cacheprovider -m capture --durations=15 --basetemp "$tmp/engines" "$@" \
+    >"$tmp/engines.log" 2>&1 &
 engines=$!
+trap 'kill -TERM -- -"$engines" 2>/dev/null; wait "$engines" 2>/dev/null; exit 130' INT TERM
 rest=0
 "$PY" -m pytest -q -p no:cacheprovider -m "not capture" --durations=15 --basetemp "$tmp/rest" "$@" || rest=$?
 rest_done=$(date +%s)

@@ -71,3 +71,48 @@ def test_each_test_runs_once_in_its_half_and_a_failure_in_either_half_fails(suit
     assert one.returncode == 0 and "PASSED test_engine.py::test_engine_a" in one.stdout, one.stdout
     assert "PASSED test_rest.py::test_rest_a" in one.stdout and "test_rest_b" not in one.stdout, one.stdout
     assert _run(suite, "-k", "no_such_test").returncode == 5
+
+
+SLEEPER = """import os, time, pytest
+from pathlib import Path
+
+@pytest.mark.capture
+def test_engine_sleeps():
+    Path(os.environ["PID_FILE"] + ".tmp").write_text(str(os.getpid()))
+    os.replace(os.environ["PID_FILE"] + ".tmp", os.environ["PID_FILE"])
+    time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
+def test_a_term_stops_the_engine_half_too(tmp_path):
+    """Ctrl-C or TERM ends the command and the engine half it runs in the background (whose SIGINT a
+    script ignores): no pytest, and so no server it started, is left behind."""
+    import signal
+    import time
+
+    (tmp_path / "pytest.ini").write_text(INI)
+    (tmp_path / "test_engine.py").write_text(SLEEPER)
+    pid_file = tmp_path / "engine.pid"
+    proc = subprocess.Popen(["bash", str(SCRIPT), sys.executable], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "PID_FILE": str(pid_file)})
+    deadline = time.monotonic() + scaled(120)
+    while not pid_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pid_file.exists(), "the engine half never started"
+    engine_pid = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=scaled(30)) != 0
+    deadline = time.monotonic() + scaled(10)
+    while _running(engine_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(engine_pid), "the engine half outlived the command"
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a killed orphan waits for init to reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
