@@ -20,6 +20,9 @@ else:
     _hypothesis_settings.load_profile("leap-suite")
 
 
+pytest_plugins = ["term_unwinds"]   # TERM unwinds as Ctrl-C: fixtures stop their servers
+
+
 def pytest_collection_modifyitems(config, items):
     """vLLM engines first, the compiled-kernel tests last: once numba's compiled objects are in ``sys.modules``,
     vLLM 0.32's triton dispatcher (its scan of every module at engine start) fails on one of them

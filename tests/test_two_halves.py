@@ -76,8 +76,13 @@ def test_each_test_runs_once_in_its_half_and_a_failure_in_either_half_fails(suit
 SLEEPER = """import os, time, pytest
 from pathlib import Path
 
+@pytest.fixture
+def server():
+    yield
+    Path(os.environ["PID_FILE"] + ".down").write_text("stopped")
+
 @pytest.mark.capture
-def test_engine_sleeps():
+def test_engine_sleeps(server):
     Path(os.environ["PID_FILE"] + ".tmp").write_text(str(os.getpid()))
     os.replace(os.environ["PID_FILE"] + ".tmp", os.environ["PID_FILE"])
     time.sleep(600)
@@ -87,15 +92,16 @@ def test_engine_sleeps():
 @pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
 def test_a_term_stops_the_engine_half_too(tmp_path):
     """Ctrl-C or TERM ends the command and the engine half it runs in the background (whose SIGINT a
-    script ignores): no pytest, and so no server it started, is left behind."""
+    script ignores): its fixtures tear down (tests/term_unwinds.py), so no server is left behind."""
     import signal
     import time
 
     (tmp_path / "pytest.ini").write_text(INI)
     (tmp_path / "test_engine.py").write_text(SLEEPER)
     pid_file = tmp_path / "engine.pid"
-    proc = subprocess.Popen(["bash", str(SCRIPT), sys.executable], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env={**os.environ, "PID_FILE": str(pid_file)})
+    env = {**os.environ, "PID_FILE": str(pid_file), "PYTHONPATH": str(Path(__file__).parent)}
+    proc = subprocess.Popen(["bash", str(SCRIPT), sys.executable, "-p", "term_unwinds"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + scaled(120)
     while not pid_file.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -107,6 +113,7 @@ def test_a_term_stops_the_engine_half_too(tmp_path):
     while _running(engine_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _running(engine_pid), "the engine half outlived the command"
+    assert (tmp_path / "engine.pid.down").exists(), "the engine half's fixtures were not torn down"
 
 
 def _running(pid: int) -> bool:
