@@ -42,7 +42,7 @@ def test_serve_command_names_the_namespaced_classes_and_the_settings():
     assert argv[:3] == ["vllm", "serve", "MODEL"]
     flags = dict(zip(argv[3::2], argv[4::2]))
     assert flags["--scheduler-cls"] == "leap_sched.vllm.Scheduler"
-    assert flags["--distributed-executor-backend"] == "leap_sched.vllm.Executor"
+    assert flags["--distributed-executor-backend"] == "uni"          # vLLM's own executor
     assert flags["--max-num-seqs"] == "8" and "--worker-extension-cls" not in flags
     assert json.loads(flags["--additional-config"]) == {
         "leap": {"policy": "countdown", "predictor": "oracle", "decode_slots": 2, "wait_cap": 3}}
@@ -107,7 +107,7 @@ def _engine_config(leap: dict, **engine):
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     args = dict(model=str(MODEL), dtype="float32", max_model_len=256, max_num_seqs=len(LENGTHS),
                 max_num_batched_tokens=512, enforce_eager=True, enable_prefix_caching=False,
-                scheduler_cls="leap_sched.vllm.Scheduler", distributed_executor_backend="leap_sched.vllm.Executor",
+                scheduler_cls="leap_sched.vllm.Scheduler", distributed_executor_backend="uni",
                 additional_config={"leap": leap})
     return EngineArgs(**{**args, **engine}).create_engine_config()
 
@@ -137,8 +137,9 @@ def test_settings_vllm_cannot_honour_are_refused_with_one_line(case, tmp_path):
     leap_args, engine, want = {
         "unknown_key": ({**oracle, "slots": 2}, {}, "unknown leap setting(s): slots"),
         "max_resident": ({**oracle, "max_resident": 4}, {}, "max_resident (4) differs from --max-num-seqs (10)"),
-        "executor": (oracle, {"distributed_executor_backend": "uni"}, "leap_sched runs with its own one-process executor"),
-        "tensor_parallel": (oracle, {}, "with tensor parallel size 2: leap_sched runs tensor parallel on vLLM's own; "
+        "executor": (oracle, {"distributed_executor_backend": "mp"}, "executor 'mp' with tensor parallel size 1: leap_sched "
+                                                                   "runs on vLLM's own; pass --distributed-executor-backend uni"),
+        "tensor_parallel": (oracle, {}, "with tensor parallel size 2: leap_sched runs on vLLM's own; "
                                         "pass --distributed-executor-backend mp"),
         "pipeline_parallel": (oracle, {}, "pipeline parallel size 2: leap_sched supports tensor parallel only"),
         "priority": (oracle, {"scheduling_policy": "priority"}, "--scheduling-policy priority: ordered admission"),
