@@ -118,7 +118,7 @@ def _engine_config(leap: dict, **engine):
                                   "tp_compiled_readout_other_model"])
 def test_settings_vllm_cannot_honour_are_refused_with_one_line(case, tmp_path):
     """What the served tests cannot afford a server each for: the same check the
-    scheduler run at start-up (in a test process it raises; in the engine core it prints and exits 2)."""
+    scheduler runs at start-up (in a test process it raises; in the engine core it prints and exits 2)."""
     import numpy as np
 
     from leap_sched.vllm.settings import scheduler_config
