@@ -43,7 +43,8 @@ def test_serve_command_names_the_namespaced_classes_and_the_settings():
     flags = dict(zip(argv[3::2], argv[4::2]))
     assert flags["--scheduler-cls"] == "leap_sched.vllm.Scheduler"
     assert flags["--distributed-executor-backend"] == "uni"          # vLLM's own executor
-    assert flags["--max-num-seqs"] == "8" and "--worker-extension-cls" not in flags
+    assert flags["--max-num-seqs"] == "8"
+    assert flags["--worker-extension-cls"] == "leap_sched.vllm.WorkerExtension"   # checks before the model loads
     assert json.loads(flags["--additional-config"]) == {
         "leap": {"policy": "countdown", "predictor": "oracle", "decode_slots": 2, "wait_cap": 3}}
     module = serve_command(cfg, "M", launcher="module")

@@ -95,8 +95,7 @@ def serve_argv(cfg: LiveSchedulerConfig, model: str, *, launcher: str = "vllm", 
             "--middleware", SETTINGS_MIDDLEWARE]
     if tensor_parallel_size > 1:
         argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
-    if cfg.needs_hook:
-        argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
+    argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]   # every setting: it checks them before the model loads
     if dtype is not None:
         argv += ["--dtype", dtype]
     if block_size is not None:
