@@ -2,7 +2,7 @@
 
     python benchmarks/bench_live_compiled.py [--requests 24] [--resident 8] [--slots 4]
 
-Builds the in-process engine (live.tap_executor.TapExecutor, SmolLM2, float32) with countdown /
+Builds the in-process engine (vLLM's uni executor, SmolLM2, float32) with countdown /
 leap-rls (the read-out trained on lmsys, python -m live.readout) twice on the same requests (random
 prompt ids 16..128 tokens, forced lengths 2..64, seed 0): eager, then compiled. Prints, per mode,
 the engine start time (EngineArgs to a ready engine, compilation included), the median and p90 of

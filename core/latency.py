@@ -5,6 +5,9 @@
 - ITL: the gaps between consecutive tokens of a request, pooled over all requests;
 - NL (normalized latency, the project's headline, once called PTL): E2EL / output tokens.
 
+:func:`request_latencies` computes them per request, once for every caller (the simulator's summary,
+the studies, the serving metrics, leap-validate).
+
 Each is summarised as mean, median, std and the percentiles :data:`PERCENTILES`, in milliseconds,
 under vLLM's key names (``mean_ttft_ms``, ``p99_tpot_ms``...). Goodput is vLLM's: the requests
 meeting every given SLO (TPOT of a one-token request counts as 0), per second of the run.
@@ -50,8 +53,10 @@ def describe_ms(metric: str, seconds: np.ndarray) -> dict[str, float | None]:
 
 
 def request_latencies(arrival_s, first_token_s, finish_s, output_tokens) -> dict[str, np.ndarray]:
-    """Per completed request (finish known): ``ttft``, ``e2el``, ``tpot`` (requests of more than one
-    token only), ``tpot_all`` (one-token requests at 0, as vLLM's goodput counts them), in seconds."""
+    """Per completed request (finish known), in row order: ``ttft``, ``e2el``, ``tpot`` (requests of
+    more than one token only), ``tpot_all`` (one-token requests at 0, as vLLM's goodput counts them),
+    ``nl`` (normalized latency: e2el / output tokens), in seconds; ``tokens`` (float64) and ``done``
+    (the completed rows' mask over the input rows). The one place these are computed."""
     arrival, first, finish = (np.asarray(x, dtype=np.float64) for x in (arrival_s, first_token_s, finish_s))
     tokens = np.asarray(output_tokens, dtype=np.float64)
     done = np.isfinite(finish)
@@ -59,8 +64,9 @@ def request_latencies(arrival_s, first_token_s, finish_s, output_tokens) -> dict
     multi = tokens > 1
     tpot_all = np.zeros(len(tokens))
     tpot_all[multi] = (finish[multi] - first[multi]) / (tokens[multi] - 1)
-    return {"ttft": first - arrival, "e2el": finish - arrival, "tpot": tpot_all[multi], "tpot_all": tpot_all,
-            "tokens": tokens}
+    e2el = finish - arrival
+    return {"ttft": first - arrival, "e2el": e2el, "tpot": tpot_all[multi], "tpot_all": tpot_all,
+            "nl": e2el / tokens, "tokens": tokens, "done": done}
 
 
 def gaps_from_token_times(token_times: Sequence[Sequence[float] | None]) -> np.ndarray:

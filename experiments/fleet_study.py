@@ -35,6 +35,7 @@ from core.io import atomic_write_json, file_sha256
 from core.trace import load_trace
 from simulator.config import EngineConfig
 from simulator.engine import check_kv_blocks
+from simulator.metrics import result_latencies
 from simulator.runner import RunConfig, execute, prepare
 from simulator.workload import ArrivalSpec
 
@@ -92,8 +93,7 @@ def run_arm(arm: Arm, setup: Setup, replicas: int, seed: int) -> dict:
                            replicas=replicas, router=arm.router, kernel="reference", tile=n, arrivals=arrivals,
                            engine_config=EngineConfig(kv_blocks=setup.kv_blocks))
         summary, result = execute(prepare(config))
-    multi = result.output_tokens > 1
-    tpot = (result.finish_s - result.first_token_s)[multi] / (result.output_tokens[multi] - 1)
+    tpot = result_latencies(result)["tpot"]
     figures = {"mean_e2e_s": summary["mean_e2e_s"], "p99_e2e_s": summary["p99_e2e_s"],
                "mean_tpot_s": float(tpot.mean()), "p99_tpot_s": float(np.percentile(tpot, 99)),
                "balance": summary["replica_work_max_over_mean"]}

@@ -54,15 +54,14 @@ def measured(trace: Trace) -> dict[str, np.ndarray]:
 def _figures(prefix: str, e2e, ttft, out_tok, makespan) -> dict:
     """A side's figures (``real``/``sim``): seconds as before, and TTFT, TPOT, E2EL in the field's
     terms (mean, median, p90, p99 in ms, core.latency)."""
-    multi = out_tok > 1
     lat = request_latencies(np.zeros(len(e2e)), ttft, e2e, out_tok)
     field = {f"{prefix}_{key}": value for metric in ("ttft", "tpot", "e2el")
              for key, value in describe_ms(metric, lat[metric]).items() if not key.startswith(("std", "p50"))}
     return {**field, f"{prefix}_mean_e2e_s": float(e2e.mean()), f"{prefix}_p50_e2e_s": _pct(e2e, 50),
             f"{prefix}_p95_e2e_s": _pct(e2e, 95), f"{prefix}_p99_e2e_s": _pct(e2e, 99),
             f"{prefix}_mean_ttft_s": float(ttft.mean()), f"{prefix}_p95_ttft_s": _pct(ttft, 95),
-            f"{prefix}_mean_tpot_s": float(((e2e - ttft)[multi] / (out_tok[multi] - 1)).mean()),
-            f"{prefix}_mean_ptl_s": float((e2e / out_tok).mean()), f"{prefix}_makespan_s": float(makespan)}
+            f"{prefix}_mean_tpot_s": float(lat["tpot"].mean()),
+            f"{prefix}_mean_ptl_s": float(lat["nl"].mean()), f"{prefix}_makespan_s": float(makespan)}
 
 
 

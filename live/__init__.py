@@ -36,7 +36,7 @@ def attach(engine):
 
         if not isinstance(engine.model_executor, UniProcExecutor):
             raise LiveConfigError("the LEAP hook hands predictions to the scheduler in-process: use "
-                                  "distributed_executor_backend='live.tap_executor.TapExecutor' (to_engine_args)")
+                                  "distributed_executor_backend='uni' (to_engine_args)")
         f = cfg.readout_file()
         engine.collective_rpc("lv_install", args=(sched.leap_channel, f.info["layer"], f.folded(),
                                                   cfg.form.learns_online))

@@ -31,7 +31,6 @@ CONFIG_KEY = "leap_live"
 PLUGIN_CONFIG_KEY = "leap"
 SCHEDULER_CLS = "live.scheduler.LeapScheduler"
 WORKER_EXTENSION_CLS = "live.worker_ext.LiveExt"
-TAP_EXECUTOR_CLS = "live.tap_executor.TapExecutor"
 
 #: Policies the live scheduler applies: those that declare ``live`` (the project's own classes, policies/).
 LIVE_POLICIES = tuple(name for name, cls in POLICIES.items() if cls.live)
@@ -201,17 +200,16 @@ class LiveSchedulerConfig:
     def to_engine_args(self) -> dict:
         """vLLM ``EngineArgs`` keywords that turn this scheduler on (merge with the model's own).
 
-        The hook needs the in-process executor :class:`live.tap_executor.TapExecutor` (vLLM's ``uni``
-        executor that taps layer k before vLLM compiles the model; the hook hands predictions to the
-        scheduler in the same process); set ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` before the engine is
-        built. Compiled and eager mode both work (``enforce_eager`` is the caller's choice).
+        The hook needs vLLM's in-process ``uni`` executor (the worker extension taps layer k when the
+        model loads, before vLLM compiles it; the hook hands predictions to the scheduler in the same
+        process); set ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` before the engine is built. Compiled and
+        eager mode both work (``enforce_eager`` is the caller's choice).
         """
         args = {"scheduler_cls": SCHEDULER_CLS, "max_num_seqs": self.max_resident,
                 "additional_config": {CONFIG_KEY: self.to_dict()},
                 "async_scheduling": False, "distributed_executor_backend": "uni"}
         if self.needs_hook:
             args["worker_extension_cls"] = WORKER_EXTENSION_CLS
-            args["distributed_executor_backend"] = TAP_EXECUTOR_CLS
         return args
 
     def to_dict(self) -> dict:

@@ -4,7 +4,7 @@ Loaded by ``worker_extension_cls="live.worker_ext.LiveExt"`` (vLLM appends it to
 bases). It extends :class:`capture.vllm_ext.CaptureExt` (so the capture methods and step timer stay
 available to a serving-run driver) with ``lv_tap`` and ``lv_install``. ``lv_tap`` (called by the
 worker's own ``load_model`` once the model is loaded, before vLLM traces it: ``LiveExt.__new__``, in
-every worker process of any executor; :class:`live.tap_executor.TapExecutor` calls it again, a no-op)
+every worker process of any executor)
 puts LEAP's tap on decoder layer k (:mod:`live.tap`): a custom op inside the layer's forward that writes the residual
 stream of every row of the step (``out[0] + out[1]``, the capture hook's row arithmetic) into a
 static buffer, in compiled and eager mode alike. ``lv_install`` adds a forward hook on the top-level

@@ -90,12 +90,19 @@ def prediction_quality(predicted: np.ndarray, true: np.ndarray, output_kind: str
     return out
 
 
-def field_latency(result: RunResult, span_s: float, slos: dict[str, float] | None = None) -> dict:
+def result_latencies(result: RunResult) -> dict[str, np.ndarray]:
+    """:func:`core.latency.request_latencies` of a run's requests."""
+    return request_latencies(result.arrival_s, result.first_token_s, result.finish_s, result.output_tokens)
+
+
+def field_latency(result: RunResult, span_s: float, slos: dict[str, float] | None = None,
+                  lat: dict[str, np.ndarray] | None = None) -> dict:
     """TTFT, TPOT, ITL, E2EL in ms under vLLM's keys (``core.latency``), token totals, and
     ``request_goodput`` under ``slos`` (ms; null without). The engine keeps each request's first and
-    last token times, so ITL is taken from each request's mean gap (docs/semantics.md "Metrics")."""
-    lat = request_latencies(result.arrival_s, result.first_token_s, result.finish_s, result.output_tokens)
-    done = np.isfinite(result.finish_s)
+    last token times, so ITL is taken from each request's mean gap (docs/semantics.md "Metrics").
+    ``lat``: :func:`result_latencies` of ``result``, when the caller has it."""
+    lat = result_latencies(result) if lat is None else lat
+    done = lat["done"]
     goodput = request_goodput(lat, slos or {}, span_s)
     attained = slo_attainment(lat, slos or {})
     return {**latency_summary(lat, itl_from_request_means(lat)),
@@ -108,20 +115,16 @@ def field_latency(result: RunResult, span_s: float, slos: dict[str, float] | Non
 def summarize(result: RunResult, slos: dict[str, float] | None = None, **context) -> dict:
     """Summary figures of one run; ``context`` (load, capacity, names, seed...) is merged in;
     ``slos``: the goodput SLOs in ms (``--goodput``)."""
-    arrival, finish, first = result.arrival_s, result.finish_s, result.first_token_s
+    arrival, finish = result.arrival_s, result.finish_s
     out_tok = result.output_tokens.astype(np.float64)
-    done = np.isfinite(finish)
-    e2e = (finish - arrival)[done]
-    ptl = e2e / out_tok[done]
-    ttft = (first - arrival)[done]
-    multi = done & (out_tok > 1)
-    tpot = ((finish - first)[multi] / (out_tok[multi] - 1))
+    lat = result_latencies(result)
+    done, e2e, ptl, ttft, tpot = lat["done"], lat["e2el"], lat["nl"], lat["ttft"], lat["tpot"]
     start = float(arrival.min()) if len(arrival) else 0.0
     span = result.makespan_s - start
     long_cut = np.percentile(out_tok, 90) if len(out_tok) else 0
     long_decile = (finish - arrival)[done & (out_tok >= long_cut)]
     over = (finish - arrival)[done & (out_tok > LONG_REQUEST_TOKENS)]
-    ready_late = (result.predicted_ready_s - first)
+    ready_late = (result.predicted_ready_s - result.first_token_s)
     ready_late = ready_late[np.isfinite(ready_late)]
     summary = {
         "arrived": int(len(arrival)),
@@ -156,7 +159,7 @@ def summarize(result: RunResult, slos: dict[str, float] | None = None, **context
         **prediction_quality(result.predicted_tokens, result.output_tokens, result.output_kind),
         "mae_in_use": _num(result.mae_in_use) if result.mae_in_use is not None else None,
         "sim_cpu_s": _num(result.sim_cpu_s),
-        **field_latency(result, span, slos),
+        **field_latency(result, span, slos, lat),
     }
     if result.replica is not None:
         summary.update(fleet_balance(result))

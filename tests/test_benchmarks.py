@@ -98,13 +98,26 @@ def test_bench_leap_breakdown_refuses_a_trace_without_hidden_states(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_bench_fleet_runs(tmp_path):
+def test_bench_fleet_prints_its_table_rows(tmp_path):
+    """Every row a Markdown table row of 9 cells, measured in its own child process; the single engine
+    is the reference ratio of the cost-per-request rows (1.0x at 1 replica)."""
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_fleet.py"), "--big", "60", "--per-replica",
-                           "8", "--sizes", "1,2", "--d", "32", "--repeats", "3"], capture_output=True, text=True,
-                          env=bench_env(tmp_path), cwd=tmp_path, timeout=scaled(600))
+                           "8", "--sizes", "1,2", "--kv-requests", "40"], capture_output=True, text=True,
+                          env=bench_env(tmp_path), cwd=tmp_path, timeout=scaled(900))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = proc.stdout.splitlines()
-    assert "16 replicas x 60 requests" in proc.stdout and "requests/CPU-s" in proc.stdout and "peak RSS" in proc.stdout
-    rows = [x for x in lines if "CPU-us per request" in x]
-    assert len(rows) == 2 and rows[0].endswith("1.00 x the first size") and "(16)" in rows[1]
-    assert "p = 33" in proc.stdout and "matvecs" in proc.stdout
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and not line.startswith("| row ")]
+    assert len(rows) == 8 and all(len(row.split("|")) == 11 for row in rows), proc.stdout
+    cells = {row.split("|")[1].strip(): [c.strip() for c in row.split("|")[2:-1]] for row in rows}
+    assert cells["16 replicas, FCFS + least-requests"][0] == "60"
+    assert cells["1 replica x 8, FCFS + least-requests (single engine)"][6] == "1.0x"
+    assert cells["2 replicas x 8, FCFS + least-requests"][0] == "16"
+    assert cells["16 replicas, countdown + leap + least-work"][-1].startswith(">= 60k req/CPU-s: ")
+    assert "within 1.5x of off" in cells["16 replicas, KV blocks on (ratio: x KV off)"][-1]
+    assert "loadavg" in proc.stdout.splitlines()[0] and "loadavg" in proc.stdout.splitlines()[-1]
+
+
+def test_bench_fleet_refuses_sizes_without_the_single_engine(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_fleet.py"), "--sizes", "2,4"],
+                          capture_output=True, text=True, env=bench_env(tmp_path), cwd=tmp_path, timeout=scaled(120))
+    assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1
+    assert "--sizes 2,4" in proc.stderr and "Traceback" not in proc.stderr

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 TOY_POLICY = "toy-priority"
 TOY_PREDICTOR = "toy-prompt"
+TOY_ROUTER = "toy-running"
 #: step 1 of each recipe: the new file (the toy's code, as a user would write it)
 TOY_FILES = {
     "toy_policy.py": '''
@@ -70,16 +71,31 @@ TOY_FILES = {
             def predict(self, rows, known=None):
                 return self._prompt[rows]
         ''',
+    "toy_router.py": '''
+        """The fewest resident requests (the snapshot's ``running``): a toy."""
+        from routers.base import FleetView, Router, lowest
+
+
+        class FewestRunning(Router):
+            name = "toy-running"
+            reads = "outstanding"
+
+            def choose(self, row: int, view: FleetView) -> int:
+                return lowest(view.running)
+        ''',
     # steps 2 and 3: the registry line and the live decision, made when the interpreter starts
     "sitecustomize.py": '''
         from policies import POLICIES
         from predictors import PREDICTORS
         from predictors.live import NOT_LIVE
+        from routers import ALL_ROUTERS, ROUTERS
         from toy_policy import ToyPriority
         from toy_predictor import ToyPrompt
+        from toy_router import FewestRunning
 
         POLICIES["toy-priority"] = ToyPriority
         PREDICTORS["toy-prompt"] = ToyPrompt
+        ALL_ROUTERS["toy-running"] = ROUTERS["toy-running"] = FewestRunning
         NOT_LIVE["toy-prompt"] = "nothing it could use (a toy)"
         ''',
 }
@@ -175,7 +191,8 @@ def test_a_new_predictor_must_make_its_live_decision(monkeypatch, toy_site):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tag, name", [("recipe-policy", TOY_POLICY), ("recipe-predictor", TOY_PREDICTOR)])
+@pytest.mark.parametrize("tag, name", [("recipe-policy", TOY_POLICY), ("recipe-predictor", TOY_PREDICTOR),
+                                       ("recipe-router", TOY_ROUTER)])
 def test_the_recipes_commands_run_as_written(tag, name, toy_site):
     for argv in recipe_commands(tag, name):
         r = run_command(argv, toy_site)
@@ -185,7 +202,7 @@ def test_the_recipes_commands_run_as_written(tag, name, toy_site):
         if argv[0] == "simulate":   # at the documented load the policy chooses, in the compiled kernel
             assert "never had more ready requests" not in r.stderr, r.stderr
             assert "--kernel compiled" not in r.stderr, r.stderr
-        if argv[0] != "pytest":
+        if argv[0] != "pytest" and tag != "recipe-router":
             assert name in r.stdout, r.stdout[-2000:]
 
 
@@ -225,3 +242,35 @@ def test_the_toy_policy_serves_by_priority_class_on_both_kernels_alike(monkeypat
     assert ref.finish_s.tobytes() == comp.finish_s.tobytes()
     urgent, other = ref.finish_s[priority == 0], ref.finish_s[priority == 1]
     assert urgent.mean() < other.mean() and np.median(urgent) < np.median(other)   # served first
+
+
+def test_the_toy_router_reads_the_snapshots_running_counter(monkeypatch, toy_site):
+    """The router recipe's toy, on a hand example: replica 0 holds 2 requests (1 resident), replica 1
+    holds 3 (none resident): fewest outstanding would pick 0, fewest resident picks 1; once replica
+    1 has 2 resident it picks 0. The signals the recipe's table names exist where it says."""
+    import dataclasses
+
+    from routers.base import FleetView
+    from routers.snapshot import ReplicaAccounting, WorkSum
+
+    monkeypatch.syspath_prepend(str(toy_site))
+    from toy_router import FewestRunning
+
+    acc = ReplicaAccounting(2)
+    for replica in (0, 0, 1, 1, 1):
+        acc.route(replica, WorkSum(5))
+    acc.set_running(0, 1)
+    router = FewestRunning()
+    router.reset(2, 0)
+    assert router.choose(0, acc.view(router.reads)) == 1
+    acc.set_running(1, 2)
+    assert router.choose(1, acc.view(router.reads)) == 0
+    acc.set_running(0, 2)
+    assert router.choose(2, acc.view(router.reads)) == 0       # a tie goes to the lowest index
+    fields = {f.name for f in dataclasses.fields(FleetView)}
+    table = re.findall(r"^\| `\"(\w+)\"` \| (.*?) \|", section("Add a router"), flags=re.M)
+    assert [reads for reads, _ in table] == ["outstanding", "predicted_work", "true_work", "kv"]
+    for reads, named in table:
+        filled = {k for k, v in dataclasses.asdict(ReplicaAccounting(2, 4).view(reads)).items() if v is not None}
+        assert set(re.findall(r"`(\w+)`", named)) == filled - {"replicas", "block_size", "now", "snapshot_at"}, reads
+        assert set(re.findall(r"`(\w+)`", named)) <= fields

@@ -107,7 +107,7 @@ def test_good_settings_print_the_serve_command_and_what_it_runs(readout_path):
     flags = {a: b for a, b in zip(argv, argv[1:]) if a.startswith("--") and not b.startswith("--")}
     assert out["scheduler_cls"] == flags["--scheduler-cls"] == "leap_sched.vllm.Scheduler"
     assert out["worker_extension_cls"] == flags["--worker-extension-cls"] == "leap_sched.vllm.WorkerExtension"
-    assert out["executor"] == flags["--distributed-executor-backend"] == "leap_sched.vllm.Executor"
+    assert out["executor"] == flags["--distributed-executor-backend"] == "uni"     # vLLM's own
     assert json.loads(flags["--additional-config"])["leap"]["decode_slots"] == out["leap"]["decode_slots"] == 4
     assert "leap_live" not in r.stdout and "live.scheduler" not in r.stdout
     # vLLM's KV page: 2 (K and V) x block x KV heads x head dim x dtype bytes, per layer

@@ -42,8 +42,9 @@ def test_serve_command_names_the_namespaced_classes_and_the_settings():
     assert argv[:3] == ["vllm", "serve", "MODEL"]
     flags = dict(zip(argv[3::2], argv[4::2]))
     assert flags["--scheduler-cls"] == "leap_sched.vllm.Scheduler"
-    assert flags["--distributed-executor-backend"] == "leap_sched.vllm.Executor"
-    assert flags["--max-num-seqs"] == "8" and "--worker-extension-cls" not in flags
+    assert flags["--distributed-executor-backend"] == "uni"          # vLLM's own executor
+    assert flags["--max-num-seqs"] == "8"
+    assert flags["--worker-extension-cls"] == "leap_sched.vllm.WorkerExtension"   # checks before the model loads
     assert json.loads(flags["--additional-config"]) == {
         "leap": {"policy": "countdown", "predictor": "oracle", "decode_slots": 2, "wait_cap": 3}}
     module = serve_command(cfg, "M", launcher="module")
@@ -107,7 +108,7 @@ def _engine_config(leap: dict, **engine):
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     args = dict(model=str(MODEL), dtype="float32", max_model_len=256, max_num_seqs=len(LENGTHS),
                 max_num_batched_tokens=512, enforce_eager=True, enable_prefix_caching=False,
-                scheduler_cls="leap_sched.vllm.Scheduler", distributed_executor_backend="leap_sched.vllm.Executor",
+                scheduler_cls="leap_sched.vllm.Scheduler", distributed_executor_backend="uni",
                 additional_config={"leap": leap})
     return EngineArgs(**{**args, **engine}).create_engine_config()
 
@@ -117,8 +118,8 @@ def _engine_config(leap: dict, **engine):
                                   "priority", "no_worker_extension", "readout_other_model",
                                   "tp_compiled_readout_other_model"])
 def test_settings_vllm_cannot_honour_are_refused_with_one_line(case, tmp_path):
-    """What the served tests cannot afford a server each for: the same check the executor and the
-    scheduler run at start-up (in a test process it raises; in the engine core it prints and exits 2)."""
+    """What the served tests cannot afford a server each for: the same check the
+    scheduler runs at start-up (in a test process it raises; in the engine core it prints and exits 2)."""
     import numpy as np
 
     from leap_sched.vllm.settings import scheduler_config
@@ -137,8 +138,9 @@ def test_settings_vllm_cannot_honour_are_refused_with_one_line(case, tmp_path):
     leap_args, engine, want = {
         "unknown_key": ({**oracle, "slots": 2}, {}, "unknown leap setting(s): slots"),
         "max_resident": ({**oracle, "max_resident": 4}, {}, "max_resident (4) differs from --max-num-seqs (10)"),
-        "executor": (oracle, {"distributed_executor_backend": "uni"}, "leap_sched runs with its own one-process executor"),
-        "tensor_parallel": (oracle, {}, "with tensor parallel size 2: leap_sched runs tensor parallel on vLLM's own; "
+        "executor": (oracle, {}, "executor 'ray' with tensor parallel size 1: leap_sched runs on vLLM's own uni or mp; "
+                                "pass --distributed-executor-backend uni"),
+        "tensor_parallel": (oracle, {}, "executor 'uni' with tensor parallel size 2: leap_sched runs on vLLM's own mp; "
                                         "pass --distributed-executor-backend mp"),
         "pipeline_parallel": (oracle, {}, "pipeline parallel size 2: leap_sched supports tensor parallel only"),
         "priority": (oracle, {"scheduling_policy": "priority"}, "--scheduling-policy priority: ordered admission"),
@@ -153,6 +155,10 @@ def test_settings_vllm_cannot_honour_are_refused_with_one_line(case, tmp_path):
         vc.parallel_config.tensor_parallel_size = 2          # vllm-cpu builds no such config on one socket
     if case == "pipeline_parallel":
         vc.parallel_config.pipeline_parallel_size = 2
+    if case == "executor":
+        vc.parallel_config.distributed_executor_backend = "ray"      # ray is not installed here
+    if case == "tensor_parallel":
+        vc.parallel_config.distributed_executor_backend = "uni"      # vLLM's CPU platform made it mp
     with pytest.raises(LiveConfigError) as err:
         scheduler_config(vc)
     assert want in str(err.value) and "\n" not in str(err.value)

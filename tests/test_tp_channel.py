@@ -59,5 +59,5 @@ def test_tp2_command_names_vllms_mp_executor_and_binds_one_core_per_rank():
     assert shlex.split(command)[2:] == argv          # the env prefix, then the argv
     one = serve_argv(cfg, "some/model", launcher="module")
     assert "--tensor-parallel-size" not in one and one[one.index("--distributed-executor-backend") + 1] \
-        == "leap_sched.vllm.Executor"
+        == "uni"                                     # vLLM's own executor at tensor parallel 1 too
     assert "VLLM_CPU_OMP_THREADS_BIND" not in serve_command(cfg, "some/model", launcher="module", kv_cache_gib=1)

@@ -119,7 +119,7 @@ def report(cfg: LiveSchedulerConfig, args, facts: dict, env: dict, argv: list[st
     return {"serve_command": serve, "serve_env": env, "serve_argv": argv, "platform": args.platform,
             "scheduler_cls": SCHEDULER_CLS, "executor": argv[argv.index("--distributed-executor-backend") + 1],
             "tensor_parallel_size": args.tensor_parallel_size,
-            "worker_extension_cls": WORKER_EXTENSION_CLS if cfg.needs_hook else None,
+            "worker_extension_cls": WORKER_EXTENSION_CLS,
             CONFIG_KEY: {**cfg.to_dict(), **leap, "layer": cfg.hook_layer},
             "enforce_eager": "--enforce-eager" in argv,
             "model": {**facts, "path": model_arg(args.model), "dtype": args.dtype,

@@ -25,7 +25,7 @@ import os
 import shlex
 from pathlib import Path
 
-from leap_sched.vllm import CONFIG_KEY, EXECUTOR_CLS, SCHEDULER_CLS, TP_BACKEND, WORKER_EXTENSION_CLS
+from leap_sched.vllm import CONFIG_KEY, SCHEDULER_CLS, WORKER_EXTENSION_CLS, executor_backend
 from leap_sched.vllm.endpoint import MIDDLEWARE as SETTINGS_MIDDLEWARE  # GET /leap_sched/settings, for clients
 from live.common import LiveConfigError
 from live.config import LiveSchedulerConfig
@@ -84,19 +84,18 @@ def serve_argv(cfg: LiveSchedulerConfig, model: str, *, launcher: str = "vllm", 
     ``block_size``, when given, are what the KV capacity was checked with; ``shutdown_timeout_s``
     (vLLM's ``--shutdown-timeout``): on SIGTERM, finish in-flight requests for up to this long
     (vLLM's default 0 aborts them and leaves their clients unanswered: docs/serving.md);
-    ``tensor_parallel_size`` > 1: vLLM's ``mp`` executor instead of the plugin's (leap_sched.vllm.tp);
+    vLLM's own executor at every ``tensor_parallel_size``: ``uni`` at 1, ``mp`` above (leap_sched.vllm.tp);
     ``enforce_eager``: ``--enforce-eager`` (no compilation: a start of seconds, slower steps)."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher {launcher!r}: one of {', '.join(LAUNCHERS)}")
     model = model_arg(model)
     head = ["vllm", "serve", model] if launcher == "vllm" else [*MODULE_LAUNCHER, model]
     argv = [*head, "--max-num-seqs", str(cfg.max_resident), "--scheduler-cls", SCHEDULER_CLS,
-            "--distributed-executor-backend", EXECUTOR_CLS if tensor_parallel_size == 1 else TP_BACKEND,
+            "--distributed-executor-backend", executor_backend(tensor_parallel_size),
             "--middleware", SETTINGS_MIDDLEWARE]
     if tensor_parallel_size > 1:
         argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
-    if cfg.needs_hook:
-        argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
+    argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]   # every setting: it checks them before the model loads
     if dtype is not None:
         argv += ["--dtype", dtype]
     if block_size is not None:

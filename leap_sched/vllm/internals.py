@@ -37,8 +37,9 @@ SCHEDULER_OUTPUT_FIELDS = ("num_scheduled_tokens", "scheduled_new_reqs", "schedu
 MODEL_RUNNER_FIELDS = ("input_batch", "query_start_loc", "model", "model_config", "requests")
 #: ``vllm.v1.worker.gpu_input_batch.InputBatch``: which flattened row holds a request's last prompt token.
 INPUT_BATCH_FIELDS = ("req_ids", "num_reqs", "num_prompt_tokens", "num_computed_tokens_cpu")
-#: ``vllm.v1.executor.uniproc_executor.UniProcExecutor``: the executor the plugin extends.
-EXECUTOR_MEMBERS = ("_init_executor", "collective_rpc", "execute_model", "driver_worker")
+#: ``vllm.v1.executor.uniproc_executor.UniProcExecutor``: tensor parallel 1 (leap_sched.vllm.tp) installs the hook
+#: through it, in-process, with the scheduler's own channel.
+EXECUTOR_MEMBERS = ("collective_rpc",)
 #: ``vllm.v1.executor.multiproc_executor.MultiprocExecutor``: tensor parallel > 1 (leap_sched.vllm.tp) installs
 #: the hook on every rank; rank 0's output (``output_rank``) ends a step after rank 0's hook wrote its frame.
 MP_EXECUTOR_MEMBERS = ("collective_rpc", "output_rank")

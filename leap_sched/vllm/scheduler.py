@@ -9,9 +9,9 @@ tokens as generated (``live.scheduler._generated``).
 
 On top of the live scheduler: the settings come from ``--additional-config '{"leap": {...}}'``
 (checked before vLLM's own set-up, one line on a bad one: ``leap_sched.vllm.settings``), the vLLM
-version and internals are checked (``leap_sched.vllm.internals``), the hook channel rides on each
-``SchedulerOutput`` to :class:`leap_sched.vllm.Executor` (tensor parallel > 1: a cross-process
-channel, ``leap_sched.vllm.tp``), and the stats go to vLLM's log
+version and internals are checked (``leap_sched.vllm.internals``), the hook is installed through
+vLLM's own executor while the scheduler is built (tensor parallel 1: the scheduler's own channel,
+in-process; above: a cross-process channel, ``leap_sched.vllm.tp``), and the stats go to vLLM's log
 (``leap_sched.vllm.stats``).
 """
 
@@ -20,11 +20,10 @@ from __future__ import annotations
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler as VllmAsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
 
-from leap_sched.vllm.executor import CHANNEL_ATTR
 from leap_sched.vllm.internals import check_vllm
 from leap_sched.vllm.settings import leap_entry, plugin_options, refusing, scheduler_config
 from leap_sched.vllm.stats import StatsLog
-from leap_sched.vllm.tp import engine_executor, install_tp_hook
+from leap_sched.vllm.tp import engine_executor, install_hook
 from live.scheduler import LeapScheduler
 from live.tp_channel import FileChannelReader
 
@@ -48,23 +47,16 @@ class Scheduler(LeapScheduler):
             self._leap_served_config = scheduler_config(vllm_config)
             options = plugin_options(vllm_config)
         super().__init__(*args, **kwargs)
-        tp = vllm_config.parallel_config.tensor_parallel_size
-        self._leap_sends_channel = self.leap_config.needs_hook and tp == 1
-        if self.leap_config.needs_hook and tp > 1:      # vLLM's mp executor: the hook in the workers (tp.py)
+        if self.leap_config.needs_hook:      # through vLLM's own executor, before the first served step (tp.py)
             with refusing():
                 executor = engine_executor()
-            self.leap_channel = install_tp_hook(self.leap_config, executor)
+            self.leap_channel = install_hook(self.leap_config, executor, self.leap_channel,
+                                             vllm_config.parallel_config.distributed_executor_backend)
         self.leap_log = StatsLog(self, options["log_interval_s"])
         self.leap_log.started(self, VllmAsyncScheduler if isinstance(self, VllmAsyncScheduler) else VllmScheduler)
 
     def _leap_read_config(self):
         return self._leap_served_config
-
-    def schedule(self, *args, **kwargs):
-        out = super().schedule(*args, **kwargs)
-        if self._leap_sends_channel:
-            setattr(out, CHANNEL_ATTR, self.leap_channel)
-        return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
         out = super().update_from_output(scheduler_output, model_runner_output)

@@ -5,9 +5,9 @@ fields (``max_resident`` defaults to ``--max-num-seqs``) plus ``allow_untested_v
 ``log_interval_s``. Everything the plugin cannot honour stops the engine at start-up: the
 setting errors ``LiveSchedulerConfig`` refuses, a read-out for another model (hidden size, layer
 count, model id), ordered admission with vLLM's priority policy, pipeline parallelism, an
-executor other than the plugin's (``leap_sched.vllm.Executor``; with tensor parallel > 1 other than
-vLLM's ``mp``), and a hook predictor without the worker extension (compiled or eager, any tensor
-parallel size: each worker taps its layer before vLLM traces the model, live.worker_ext).
+executor other than vLLM's own ``uni`` (tensor parallel 1) or ``mp`` (tensor parallel > 1), and
+a hook predictor without the worker extension (compiled or eager, any tensor parallel size: each
+worker taps its layer before vLLM traces the model, live.worker_ext).
 In vLLM's engine-core process a refusal is one line on stderr and exit status 2 (vLLM's front end
 then reports that the engine core failed to start); where vLLM runs in the caller's process it is
 a :class:`LiveConfigError`.
@@ -21,13 +21,10 @@ import sys
 from contextlib import contextmanager
 from dataclasses import fields
 
-from leap_sched.vllm import CONFIG_KEY, EXECUTOR_CLS, TP_BACKEND, WORKER_EXTENSION_CLS
+from leap_sched.vllm import CONFIG_KEY, WORKER_EXTENSION_CLS, executor_backend, executor_backends
 from live.common import LiveConfigError
 from live.config import LiveSchedulerConfig, model_id_of
 
-#: What the plugin's executor (:class:`leap_sched.vllm.executor.Executor`) declares, True: it installs
-#: LEAP's hook in the engine-core process (read here, so that this module need not import it).
-INSTALLS_HOOK = "installs_leap_hook"
 #: Plugin-only keys of the ``leap`` entry (not scheduler settings).
 PLUGIN_KEYS = {"allow_untested_vllm": False, "log_interval_s": 10.0}
 
@@ -93,22 +90,16 @@ def scheduler_config(vllm_config) -> LiveSchedulerConfig:
 
 
 def check_executor(vllm_config) -> None:
-    """Tensor parallel 1: the plugin's one-process executor, which keeps the model, and so the hook,
-    in the engine-core process beside the scheduler. Tensor parallel > 1: vLLM's own ``mp``
-    executor (the hook in rank 0's worker process, its estimates through ``live.tp_channel``)."""
-    from vllm.v1.executor.abstract import Executor as VllmExecutor
-
+    """vLLM's own executor: ``uni`` (tensor parallel 1: the model, and so the hook, in the engine-core
+    process beside the scheduler, which hands the hook its channel in-process) or ``mp`` (the hook in
+    rank 0's worker process, its estimates through ``live.tp_channel``): leap_sched.vllm.tp."""
     backend = vllm_config.parallel_config.distributed_executor_backend
     tp = vllm_config.parallel_config.tensor_parallel_size
-    if tp > 1:
-        if backend != TP_BACKEND:
-            raise LiveConfigError(f"executor {getattr(backend, '__name__', backend)!r} with tensor parallel size {tp}: "
-                                  f"leap_sched runs tensor parallel on vLLM's own; pass --distributed-executor-backend "
-                                  f"{TP_BACKEND}")
-        return
-    if getattr(VllmExecutor.get_class(vllm_config), INSTALLS_HOOK, False) is not True:
-        raise LiveConfigError(f"executor {getattr(backend, '__name__', backend)!r}: leap_sched runs with its own "
-                              f"one-process executor; pass --distributed-executor-backend {EXECUTOR_CLS}")
+    allowed = executor_backends(tp)
+    if backend not in allowed:
+        raise LiveConfigError(f"executor {getattr(backend, '__name__', backend)!r} with tensor parallel size {tp}: "
+                              f"leap_sched runs on vLLM's own {' or '.join(allowed)}; pass "
+                              f"--distributed-executor-backend {executor_backend(tp)}")
 
 
 def check_hook_setup(vllm_config, cfg: LiveSchedulerConfig) -> None:

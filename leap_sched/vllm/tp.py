@@ -1,10 +1,15 @@
-"""Tensor parallel > 1: LEAP's hook in vLLM's own ``mp`` executor (docs/serving.md, "Tensor parallel").
+"""LEAP's hook installed through vLLM's own executor, at every tensor parallel size (docs/serving.md).
 
-The model runs in one worker process per rank; the scheduler stays in the engine-core process.
-The scheduler owns a :class:`live.tp_channel.FileChannelReader` (a per-engine folder) and, while
-it is built, installs the hook on every rank through the engine's executor (``collective_rpc``
-``lv_install`` with the folder's writer; rank 0's hook writes, the others stay inactive:
-``live.worker_ext``). vLLM builds the scheduler in ``EngineCore.__init__`` after its executor and
+While the scheduler is built it installs the hook on every worker through the engine's executor
+(``collective_rpc`` ``lv_install``), before the first served step. vLLM's ``uni`` executor (tensor
+parallel 1): the model runs in the engine-core process beside the scheduler, ``collective_rpc`` calls
+the worker directly, and the scheduler passes its own :class:`live.worker_ext.PredictionChannel`
+(same process, no serialisation). vLLM's ``mp`` executor (tensor parallel > 1, and tensor parallel 1
+on vLLM's CPU platform, which swaps ``uni`` for ``mp`` in a served engine): the model runs in one worker
+process per rank; the scheduler owns a :class:`live.tp_channel.FileChannelReader` (a per-engine
+folder) and passes the folder's writer (rank 0's hook writes, the others stay inactive:
+``live.worker_ext``). Either way the worker tapped its layer when it loaded the model, before vLLM
+traced it (``live.worker_ext.LiveExt``). vLLM builds the scheduler in ``EngineCore.__init__`` after its executor and
 passes it no handle to it, so :func:`engine_executor` finds ``model_executor`` on the engine
 object one frame up (``internals.ENGINE_ATTRS`` checks the attribute in vLLM's sources).
 """
@@ -14,9 +19,11 @@ from __future__ import annotations
 import sys
 from types import FrameType
 
+from leap_sched.vllm import UNI_BACKEND
 from live.common import LiveConfigError
 from live.config import LiveSchedulerConfig
 from live.tp_channel import FileChannelReader
+from live.worker_ext import PredictionChannel
 
 #: The engine-core attribute holding the executor (vllm.v1.engine.core.EngineCore).
 EXECUTOR_ATTR = "model_executor"
@@ -41,8 +48,18 @@ def engine_executor():
         if executor is not None and hasattr(executor, "collective_rpc"):
             return executor
         frame = frame.f_back
-    raise LiveConfigError(f"tensor parallel: no engine with a {EXECUTOR_ATTR} builds this scheduler; leap_sched's "
+    raise LiveConfigError(f"no engine with a {EXECUTOR_ATTR} builds this scheduler; leap_sched's "
                           "scheduler is built by vLLM's engine core (vllm serve)")
+
+
+def install_hook(cfg: LiveSchedulerConfig, executor, channel: PredictionChannel, backend) -> PredictionChannel:
+    """Install the hook on every worker; return the scheduler's side of the channel: ``channel`` itself
+    on vLLM's ``uni`` executor (``backend``; in-process), else a new cross-process :class:`FileChannelReader`."""
+    if backend == UNI_BACKEND:
+        args = hook_args(cfg)
+        executor.collective_rpc("lv_install", args=(channel, *args))
+        return channel
+    return install_tp_hook(cfg, executor)
 
 
 def install_tp_hook(cfg: LiveSchedulerConfig, executor) -> FileChannelReader:
