@@ -50,7 +50,7 @@ def bin_scores(estimate: np.ndarray, true: np.ndarray, short_at: float, long_at:
         hit = int(np.sum(said & real))
         n_said, n_real = int(said.sum()), int(real.sum())
         out[f"{name}_true"], out[f"{name}_said"] = n_real, n_said
-        out[f"{name}_precision"] = hit / n_real if n_real else math.nan
+        out[f"{name}_precision"] = hit / n_said if n_said else math.nan
         out[f"{name}_recall"] = hit / n_real if n_real else math.nan
     return out
 
