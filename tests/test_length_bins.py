@@ -26,6 +26,13 @@ def test_hand_example():
     assert s["long_precision"] == 0.5 and s["long_recall"] == 0.5
 
 
+def test_the_bounds_are_in_their_bins():
+    # llm-d's SHORT is <= 100; LONG >= 4,096 (here 512): a length on the bound is in the bin
+    s = bin_scores(np.array([100.0, 512.0]), np.array([100, 512]), 100, np.full(2, 512.0))
+    assert (s["short_true"], s["long_true"], s["short_said"], s["long_said"]) == (1, 1, 1, 1)
+    assert s["short_recall"] == s["long_recall"] == 1.0
+
+
 def test_an_empty_bin_has_no_precision():
     s = bin_scores(np.array([300.0]), np.array([50]), 100, np.array([512.0]))
     assert math.isnan(s["short_precision"]) and s["short_recall"] == 0.0
