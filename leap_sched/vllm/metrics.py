@@ -137,6 +137,6 @@ class EstimateMetrics:
         if not math.isfinite(est):
             est = pending_estimate(scheduler.leap_channel, rid)
         if request.num_output_tokens > 0 and request.status.name != "FINISHED_ABORTED":
-            pass  # PLANT
+            self.observe(rid, est)
         self.observed.pop(rid, None)
         return est
