@@ -22,7 +22,6 @@ Bad input (unknown predictor or trace, a threshold out of range) is one line on 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
