@@ -52,7 +52,9 @@ def tokens_left(estimate: float, generated: int) -> float:
 def pending_estimate(channel, request_id: str) -> float:
     """A request's estimate still in the in-process hook channel (the scheduler drains it at the next
     step start; a request that finishes in its prefill step, e.g. a P/D prefill with ``max_tokens``
-    1, is freed before that): the hook's value, read without draining; nan where there is none."""
+    1, is freed before that): the hook's value, read without draining; nan where there is none (with
+    tensor parallel > 1 the estimates arrive through a file channel read at the next step: such a
+    request goes unobserved there)."""
     for ids, values, _ in getattr(channel, "pending", ()):
         if request_id in ids:
             return float(values[ids.index(request_id)])
