@@ -4,18 +4,27 @@ LEAP+RLS} at the decode instances; paired by seed against aggregated round-robin
 t-intervals over seeds (experiments.fleet_study.interval). Reference engine, one run after another.
 
     python -m experiments.pd_study --prefill 2 --decode 6 --requests 800 --load 1.3 --seeds 5 > pd.md
+
+``--arrivals FILE.csv`` replays recorded timestamps (the Azure traces) as the fleet study does: seed s
+takes the window of consecutive arrivals from an offset drawn from ``default_rng(s)``
+(``experiments.fleet_study.arrival_window``), stretched to ``--load`` x capacity.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
+from pathlib import Path
 
+from core.arrivals import read_timestamps_csv
 from core.checks import bounded_int
 from core.errors import OneLineParser, run_command
-from experiments.fleet_study import interval
+from core.trace import TraceError
+from experiments.fleet_study import arrival_window, interval
 from simulator.config import EngineConfig
 from simulator.runner import RunConfig, execute, prepare
+from simulator.workload import ArrivalSpec
 
 SLO = (("ttft", 2000.0), ("tpot", 100.0))
 METRICS = ("mean_e2e_s", "p99_e2e_s", "mean_ttft_ms", "p99_tpot_ms", "slo_attainment")
@@ -33,11 +42,18 @@ def run(arm: tuple, args: argparse.Namespace, seed: int) -> dict:
     _, decode_router, policy, predictor = arm
     pd = {} if decode_router is None else {"prefill_replicas": args.prefill, "decode_replicas": args.decode,
                                            "decode_router": decode_router}
-    config = RunConfig(trace=args.trace, predictor=predictor, policy=policy, load=args.load, seed=seed,
-                       requests=args.requests, kernel="reference", goodput=SLO,
-                       engine_config=EngineConfig(kv_blocks=args.kv_blocks),
-                       replicas=1 if pd else args.prefill + args.decode, **pd)
-    summary, _ = execute(prepare(config))
+    with tempfile.TemporaryDirectory(prefix="pd_study_") as folder:
+        arrivals = ArrivalSpec()
+        if args.times is not None:      # the seed's window, read back by the engine's own CSV path
+            path = Path(folder) / "arrivals.csv"
+            window = arrival_window(args.times, args.requests, seed)
+            path.write_text("arrival_s\n" + "".join(f"{float(t)!r}\n" for t in window))
+            arrivals = ArrivalSpec("csv", path)
+        config = RunConfig(trace=args.trace, predictor=predictor, policy=policy, load=args.load, seed=seed,
+                           requests=args.requests, kernel="reference", goodput=SLO, arrivals=arrivals,
+                           engine_config=EngineConfig(kv_blocks=args.kv_blocks),
+                           replicas=1 if pd else args.prefill + args.decode, **pd)
+        summary, _ = execute(prepare(config))
     return {m: summary[m] for m in METRICS}
 
 
@@ -50,11 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load", type=float, default=1.3)
     p.add_argument("--seeds", type=bounded_int(2, 10), default=5)
     p.add_argument("--kv-blocks", type=bounded_int(1), help="KV blocks per engine (default: unbounded)")
+    p.add_argument("--arrivals", type=Path, help="replay recorded timestamps (CSV) instead of Poisson arrivals")
     args = p.parse_args(argv)
+    args.times = read_timestamps_csv(args.arrivals) if args.arrivals is not None else None
+    how = "Poisson" if args.arrivals is None else f"{args.arrivals.name} windows"
     seeds = list(range(args.seeds))
     runs = {(arm[0], s): run(arm, args, s) for arm in ARMS for s in seeds}
     base = ARMS[0][0]
-    print(f"{args.prefill}+{args.decode} engines, {args.trace} first {args.requests} requests, Poisson at "
+    print(f"{args.prefill}+{args.decode} engines, {args.trace} first {args.requests} requests, {how} at "
           f"{args.load}x capacity, KV blocks {args.kv_blocks or 'unbounded'}, seeds {seeds[0]}-{seeds[-1]}; SLO ttft 2000 ms, tpot 100 ms\n")
     print("| arm | " + " | ".join(METRICS) + " | mean e2e vs base |")
     print("|---|" + "---|" * (len(METRICS) + 1))
@@ -74,4 +93,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_command(main, sys.argv[1:], "pd-study"))
+    sys.exit(run_command(main, sys.argv[1:], "pd-study", input_errors=(TraceError, ValueError, OSError)))

@@ -12,15 +12,19 @@ On top of the live scheduler: the settings come from ``--additional-config '{"le
 version and internals are checked (``leap_sched.vllm.internals``), the hook is installed through
 vLLM's own executor while the scheduler is built (tensor parallel 1: the scheduler's own channel,
 in-process; above: a cross-process channel, ``leap_sched.vllm.tp``), and the stats go to vLLM's log
-(``leap_sched.vllm.stats``).
+(``leap_sched.vllm.stats``). After each prefill the estimate goes to prometheus and, at the
+finish, into the response's ``kv_transfer_params`` (``leap_sched.vllm.metrics``).
 """
 
 from __future__ import annotations
+
+import math
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler as VllmAsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
 
 from leap_sched.vllm.internals import check_vllm
+from leap_sched.vllm.metrics import REQUEST_KEY, EstimateMetrics
 from leap_sched.vllm.settings import leap_entry, plugin_options, refusing, scheduler_config
 from leap_sched.vllm.stats import StatsLog
 from leap_sched.vllm.tp import engine_executor, install_hook
@@ -54,14 +58,27 @@ class Scheduler(LeapScheduler):
                                              vllm_config.parallel_config.distributed_executor_backend)
         self.leap_log = StatsLog(self, options["log_interval_s"])
         self.leap_log.started(self, VllmAsyncScheduler if isinstance(self, VllmAsyncScheduler) else VllmScheduler)
+        self.leap_metrics = EstimateMetrics(vllm_config)
+        note = EstimateMetrics.served_note()
+        if note:
+            self.leap_log.note(note)
 
     def _leap_read_config(self):
         return self._leap_served_config
 
     def update_from_output(self, scheduler_output, model_runner_output):
         out = super().update_from_output(scheduler_output, model_runner_output)
+        self.leap_metrics.after_step(self)
         self.leap_log.after_step(self)
         return out
+
+    def _free_request(self, request, delay_free_blocks: bool = False):
+        estimate = self.leap_metrics.finished(self, request)
+        kv_params, ec_params = super()._free_request(request, delay_free_blocks)
+        if math.isfinite(estimate):         # the response's kv_transfer_params (non-streaming responses)
+            kv_params = {**(kv_params or {}), REQUEST_KEY: round(estimate, 3)}
+        self.leap_metrics.set_gauge(self)
+        return kv_params, ec_params
 
     def shutdown(self) -> None:
         if isinstance(self.leap_channel, FileChannelReader):

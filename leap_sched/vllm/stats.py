@@ -43,6 +43,10 @@ class StatsLog:
         hook = f", hook on layer {cfg.hook_layer} ({cfg.readout})" if cfg.needs_hook else ""
         logger.info("leap_sched: %s, over vLLM's %s, wait cap %d%s", self.label, base.__name__, cfg.wait_cap, hook)
 
+    @staticmethod
+    def note(text: str) -> None:
+        logger.warning("%s", text)
+
     def _reset(self) -> None:
         self.steps = self.finished = self.estimated = self.held = self.forced = 0
         self.order_s: list[float] = []
