@@ -109,9 +109,12 @@ def test_countdown_prefill_weight_compiled_byte_for_byte():
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from test_compiled import replay_both
 
+    from simulator.config import EngineConfig
     from simulator.runner import RunConfig
 
-    result = replay_both(RunConfig(trace="sharegpt", predictor="oracle", policy="countdown", load=1.5,
-                                   requests=400, policy_options=(("prefill_weight", 0.05),)))
-    plain = replay_both(RunConfig(trace="sharegpt", predictor="oracle", policy="countdown", load=1.5, requests=400))
+    engine = EngineConfig(max_resident=16, decode_slots=16)   # admission contested: its order matters
+    result = replay_both(RunConfig(trace="sharegpt", predictor="oracle", policy="countdown", load=1.5, requests=400,
+                                   engine_config=engine, policy_options=(("prefill_weight", 0.05),)))
+    plain = replay_both(RunConfig(trace="sharegpt", predictor="oracle", policy="countdown", load=1.5, requests=400,
+                                  engine_config=engine))
     assert result.admit_s.tobytes() != plain.admit_s.tobytes()   # the weight changed the order
