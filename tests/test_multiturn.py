@@ -64,7 +64,7 @@ def test_bundled_trace_loads_and_later_turns_extend_earlier_ones():
     trace = load_trace(str(TRACE))
     table = pq.read_table(TRACE).to_pydict()
     n = len(table["request_id"])
-    assert trace.n == n and 60 <= n <= 100
+    assert trace.table.num_rows == n and 60 <= n <= 100
     assert "prompt_text" not in table or all(t is None for t in table["prompt_text"])
     by_id = dict(zip(table["request_id"], range(n), strict=True))
     native = json.loads(pq.read_schema(TRACE).metadata[b"leap.trace"])["prefix_block_size"]
