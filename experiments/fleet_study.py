@@ -68,6 +68,7 @@ class Setup:
     per_replica: int
     kv_blocks: int | None = None
     arrivals: np.ndarray | None = None    # recorded arrival times (s), or None for Poisson
+    prefix_caching: bool = True           # with KV blocks: vLLM's prefix caching (docs/semantics.md)
 
 
 def arrival_window(times: np.ndarray, n: int, seed: int) -> np.ndarray:
@@ -91,7 +92,8 @@ def run_arm(arm: Arm, setup: Setup, replicas: int, seed: int) -> dict:
             arrivals = ArrivalSpec("csv", path)
         config = RunConfig(trace=setup.trace, predictor=arm.predictor, policy=arm.policy, load=setup.load, seed=seed,
                            replicas=replicas, router=arm.router, kernel="reference", tile=n, arrivals=arrivals,
-                           engine_config=EngineConfig(kv_blocks=setup.kv_blocks))
+                           engine_config=EngineConfig(kv_blocks=setup.kv_blocks, prefix_caching=(
+                               setup.prefix_caching if setup.kv_blocks is not None else None)))
         summary, result = execute(prepare(config))
     tpot = result_latencies(result)["tpot"]
     figures = {"mean_e2e_s": summary["mean_e2e_s"], "p99_e2e_s": summary["p99_e2e_s"],
@@ -152,6 +154,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--arrivals", type=output_path, help="CSV of recorded timestamps (e.g. the Azure traces) "
                    "replayed from a seeded offset, instead of Poisson arrivals")
     p.add_argument("--kv-blocks", type=bounded_int(1, 2**31 - 1), help="KV blocks per replica (default: unbounded)")
+    p.add_argument("--prefix-caching", choices=("on", "off"),
+                   help="with --kv-blocks: vLLM's prefix caching (default on with --kv-blocks, as in vLLM: a "
+                        "preempted request re-hits what is left of its blocks)")
     p.add_argument("--json", type=output_path, help="every run's figures, rewritten after each run; a rerun "
                    "with the same settings skips the runs it holds")
     return p.parse_args(argv)
@@ -170,8 +175,12 @@ def check_setup(args: argparse.Namespace) -> tuple[Setup, list[int], dict, dict]
         raise UsageError(f"--load {args.load}: must be a positive multiple of capacity")
     check_kv_blocks(load_trace(args.trace), EngineConfig(kv_blocks=args.kv_blocks))
     arrivals = read_timestamps_csv(args.arrivals) if args.arrivals is not None else None
-    setup = Setup(args.trace, args.load, args.per_replica, args.kv_blocks, arrivals)
+    if args.prefix_caching == "on" and args.kv_blocks is None:
+        raise UsageError("--prefix-caching on: needs --kv-blocks (prefix caching is modelled over KV blocks)")
+    caching = args.kv_blocks is not None and args.prefix_caching != "off"
+    setup = Setup(args.trace, args.load, args.per_replica, args.kv_blocks, arrivals, caching)
     settings = {"trace": args.trace, "load": args.load, "per_replica": args.per_replica, "kv_blocks": args.kv_blocks,
+                "prefix_caching": caching,
                 "arrivals": None if args.arrivals is None else
                 f"{args.arrivals.name} sha256:{file_sha256(args.arrivals)[:16]}"}
     return setup, sizes, settings, resumed(args.json, settings)
@@ -217,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
              f"arrivals replayed from {args.arrivals.name} (seed s: the window of consecutive arrivals from an offset "
              "drawn from default_rng(s), stretched to the rate)")
     print(f"Trace {args.trace} tiled to {args.per_replica} requests per replica, {where} at {args.load:g}x the fleet's "
-          f"FCFS capacity{'' if args.kv_blocks is None else f', {args.kv_blocks} KV blocks per replica'}, seeds "
+          f"FCFS capacity{'' if args.kv_blocks is None else f', {args.kv_blocks} KV blocks per replica'}"
+          f"{'' if args.kv_blocks is None else ', prefix caching ' + ('on' if setup.prefix_caching else 'off')}, seeds "
           f"{seeds[0]}-{seeds[-1]}; figures are means over seeds ± 95% t-interval; 'vs base' is the change "
           "against round-robin + FCFS on the same seed (mean ± 95% t-interval over seeds); balance = outstanding "
           "true work per replica, max / mean, averaged over routings.\n")

@@ -31,6 +31,10 @@ class SchedulerView:
     first_predicted: np.ndarray | None = None  # float64, each row's first estimate (nan before)
     attributes: Attributes | None = None       # each row's request attributes (core.attributes; None: defaults)
     prompt: np.ndarray | None = None           # int64, each row's prompt tokens (None: unknown, read as 0)
+    # int64, each row's prompt tokens found cached (prefix caching; None: no cache, read as 0): an
+    # admitted row's hit at its first admission (vLLM's num_cached_tokens), a waiting row's lookup
+    # when admission was last ordered (only for a policy that declares ``reads_cached``)
+    cached: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,8 @@ class Policy(ABC):
     # them): name -> default; the class's ``__init__`` takes them as keyword arguments
     settings_defaults: ClassVar[dict[str, int | float]] = {}
     needs_slo: ClassVar[bool] = False   # built from the run's SLOs (``--slo``): __init__ takes ``slos``
+    # its admission keys read waiting rows' ``SchedulerView.cached`` (the scheduler then looks them up)
+    reads_cached: bool = False
 
     def reset(self, n: int) -> None:  # noqa: B027 -- optional hook: stateless policies keep the no-op
         """A new run of ``n`` rows starts: drop any state kept from the previous one (stateful

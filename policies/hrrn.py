@@ -8,7 +8,9 @@ admission, when an arrival-stage predictor runs):
     ratio = (wait / token_s + S) / S,   wait = now - arrival (seconds),
 
 S the expected service in tokens: the predictor's estimate of the total length when a length
-predictor runs (its current estimate), else the prompt's tokens; floored at 1. ``token_s`` turns
+predictor runs (its current estimate), else the prompt's uncached tokens (prompt - cached, the
+tokens found in the prefix cache at admission: SGLang's HRRN orders by the uncached length; the
+whole prompt without a cache); floored at 1. ``token_s`` turns
 the wait into tokens (``--setting hrrn.token_s=...``, > 0; 0.025 s, about one decode step of the
 default profile at load). The key is -ratio (lower first), ties by row (arrival).
 
@@ -46,6 +48,8 @@ class HRRN(Policy):
         rows = np.asarray(rows, dtype=np.int64)
         predicted = view.predicted[rows]
         prompt = (view.prompt[rows] if view.prompt is not None else np.zeros(len(rows))).astype(np.float64)
+        if view.cached is not None:
+            prompt = prompt - view.cached[rows]
         by_estimate = (view.output_kind == "length") & (predicted > 0)
         service = np.maximum(np.where(by_estimate, predicted, prompt), 1.0)
         wait = np.maximum(view.now - view.arrival_s[rows], 0.0) / self.token_s

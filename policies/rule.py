@@ -8,8 +8,9 @@ first estimate, attributes) writes them as two functions in its own file::
     RULES = ("decode_key", "admission_key")
 
 ``t`` holds the rows' arrays by name (``predicted``, ``generated``, ``arrival``,
-``first_predicted``, ``attributes``, the :data:`core.attributes.Attributes` tuple, and ``prompt``,
-the prompt tokens) and ``t.params``, the policy's own numbers (:meth:`RulePolicy.params`, float64,
+``first_predicted``, ``attributes``, the :data:`core.attributes.Attributes` tuple, ``prompt``,
+the prompt tokens, and ``cached``, those found cached: ``SchedulerView.cached``, 0 in the compiled
+kernel, which models no cache) and ``t.params``, the policy's own numbers (:meth:`RulePolicy.params`, float64,
 the same array in both engines, so a setting is data, not compiled in); ``rank``
 says the estimates are a rank predictor's scores. The policy's class derives from
 :class:`RulePolicy` and names the module (``rule = __name__``): its keys are the rule's, and its
@@ -37,8 +38,8 @@ from core.jit import cached_per_numba
 from policies.base import CompiledForm, Policy, SchedulerView
 
 #: the rows' arrays a rule reads (the compiled kernel's ``Rows`` has the same names)
-RuleRows = namedtuple("RuleRows", "predicted generated arrival first_predicted attributes prompt params",
-                      defaults=(None, None))
+RuleRows = namedtuple("RuleRows", "predicted generated arrival first_predicted attributes prompt params cached",
+                      defaults=(None, None, None))
 #: a rule without numbers of its own still reads a float64 array (numba types it once)
 NO_PARAMS = np.zeros(1, dtype=np.float64)
 
@@ -54,7 +55,8 @@ def rows_of(view, params=()) -> RuleRows:
     first = view.first_predicted if view.first_predicted is not None else np.full(n, np.nan)
     attrs = view.attributes if view.attributes is not None else defaults(n)
     prompt = view.prompt if view.prompt is not None else np.zeros(n, dtype=np.int64)
-    return RuleRows(view.predicted, view.generated, view.arrival_s, first, attrs, prompt, params_array(params))
+    cached = view.cached if view.cached is not None else np.zeros(n, dtype=np.int64)
+    return RuleRows(view.predicted, view.generated, view.arrival_s, first, attrs, prompt, params_array(params), cached)
 
 
 def keys(module: str, which: str, view, rows: np.ndarray, params=()) -> np.ndarray:

@@ -54,6 +54,10 @@ rec() {  # rec NAME ARGS...
 
 rec lmsys --prompts lmsys --decode-layer 24   # LEAP-layer decode features too: training data for the refresh experiment
 rec sharegpt --prompts sharegpt@0:1600 --decode-layer 24
+# Multi-turn: 15 ShareGPT conversations, 3-4 turns each (60 requests, outputs capped at 128 tokens
+# to record in minutes on one core), turn k's prompt = the history + the new
+# message (capture/multiturn.py); no text in the trace (it is tokens, prefix hashes, lengths).
+rec sharegpt-turns --prompts sharegpt-turns@0:60 --max-tokens 128 --keep-prompt-text never
 # The remaining traces sample decode features every 128 tokens to keep traces/ near 80 MB.
 rec alpaca --prompts alpaca --decode-every 128
 # Sources are interleaved in slices, so that a partial recording (a run cut short) still covers

@@ -169,7 +169,7 @@ class CompiledRun:
                          table.last_served, table.forced_steps, table.admitted, table.admit_s, table.first_token_s,
                          table.finish_s, table.admit_step, table.first_token_step, table.finish_step,
                          table.first_predicted, table.ready_s, table.prefilled, table.attributes,
-                         params_array(sim.policy.compiled_form().params))
+                         params_array(sim.policy.compiled_form().params), np.zeros(n, dtype=np.int64))
         self.work = self._work_arrays(n, sim.policy)
         self.settings = self._settings(sim)
         self.state, self.batch = new_record(STATE), new_record(BATCH)   # what the kernel takes

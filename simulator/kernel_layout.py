@@ -97,6 +97,7 @@ class Rows(NamedTuple):
     prefilled: np.ndarray
     attributes: tuple        # the rows' request attributes (core.attributes.Attributes)
     params: np.ndarray       # the policy rule's numbers (policies/rule.py: CompiledForm.params), float64
+    cached: np.ndarray       # prompt tokens found cached (policies/rule.py): zeros, the kernel models no cache
 
 
 class Work(NamedTuple):

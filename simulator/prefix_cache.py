@@ -64,6 +64,8 @@ class PrefixKVBlocks(KVBlocks):
         self.named = np.zeros(table.n, dtype=np.int64)      # of them, the leading ones named
         self.start = np.zeros(table.n, dtype=np.int64)      # tokens the current prefill found cached
         self.cached_tokens = np.zeros(table.n, dtype=np.int64)   # at the first admission (vLLM's num_cached_tokens)
+        # what a policy sees (SchedulerView.cached): cached_tokens once admitted, a waiting row's last lookup before
+        self.seen = np.zeros(table.n, dtype=np.int64)
 
     @property
     def free(self) -> int:
@@ -160,7 +162,13 @@ class PrefixKVBlocks(KVBlocks):
         self.held[row] = len(blocks)
         self.start[row] = len(hit) * self.size
         if not self.recompute[row]:
-            self.cached_tokens[row] = self.start[row]
+            self.cached_tokens[row] = self.seen[row] = self.start[row]
+
+    def look_up(self, rows: np.ndarray) -> None:
+        """Each waiting row's hit now (:meth:`lookup` of its fill, in tokens) into :attr:`seen`."""
+        fill = self.table.fill
+        for row in rows.tolist():
+            self.seen[row] = len(self.lookup(row, int(fill[row]))) * self.size
 
     def _grant(self, rows: np.ndarray, need: np.ndarray) -> None:
         for row, count in zip(rows.tolist(), need.tolist(), strict=True):

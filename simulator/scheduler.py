@@ -72,6 +72,8 @@ class Scheduler:
         if config.kv_bounded:
             kind = PrefixKVBlocks if config.caches_prefixes else KVBlocks
             self.kv = kind(table, config.kv_blocks_total, config.kv_block_size)
+            if isinstance(self.kv, PrefixKVBlocks):   # the policy sees the cached prompt tokens
+                view.cached = self.kv.seen
         self.carried_chunks = 0   # steps that continued the part-prefilled prompt (bounded: min_chunk)
 
     def idle(self, arrived: int) -> bool:
@@ -155,6 +157,8 @@ class Scheduler:
             cand = EMPTY
         elif self.ordered_admission:
             cand = lo + np.flatnonzero(~t.admitted[lo:arrived])
+            if self.policy.reads_cached and isinstance(kv, PrefixKVBlocks):
+                kv.look_up(cand)
             keys = self.policy.admission_keys(self.view, cand)
             if keys is not None:
                 cand = cand[np.argsort(keys, kind="stable")]

@@ -84,6 +84,8 @@ def test_a_fleet_reports_its_preemptions(tmp_path):
     (["--kv-blocks", "20"], "--kv-blocks 20"),   # smaller than the trace's longest prompt
     (["--arrivals", "missing.csv"], "--arrivals"),
     (["--per-replica", "0"], "--per-replica"),
+    (["--prefix-caching", "on"], "--prefix-caching on"),   # without --kv-blocks
+    (["--kv-blocks", "2000", "--prefix-caching", "maybe"], "--prefix-caching"),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, flags, named, capsys):
     out = tmp_path / "runs.json"
