@@ -102,5 +102,16 @@ class FileChannelReader(PredictionChannel):
             path.unlink()
             self.next_frame += 1
 
+    def peek(self) -> list[tuple[list[str], np.ndarray]]:
+        """The frames not drained yet, (ids, predictions) each, left in place for ``drain``: the estimate
+        of a request freed in its prefill step, before the scheduler's next step takes it in."""
+        out: list[tuple[list[str], np.ndarray]] = []
+        frame = self.next_frame
+        while (path := Path(self.folder) / f"{frame:012d}.npz").exists():   # written whole (os.replace)
+            with np.load(path) as z:
+                out.append((z["ids"].tolist(), z["pred"]))
+            frame += 1
+        return out
+
     def close(self) -> None:
         self._remove()

@@ -25,11 +25,13 @@ def test_frames_arrive_whole_in_order_with_the_hook_time():
         writer.hook_s = 0.5
         writer.pending.append((["c"], torch.tensor([16.0]), None))
         open(f"{reader.folder}/000000000002.npz.part", "wb").close()     # a frame being written: not read
+        peeked = [(i, p.tolist()) for i, p in reader.peek()]     # read in place (a request freed in prefill)
+        assert peeked == [(["a", "b"], [4.0, 9.0]), (["c"], [16.0])] and reader.next_frame == 0
         (ids, pred, vec), (ids2, pred2, vec2) = reader.drain()
         assert (ids, pred.tolist(), vec.shape, ids2, pred2.tolist(), vec2) == (["a", "b"], [4.0, 9.0], (2, 3),
                                                                             ["c"], [16.0], None)
         assert (reader.take_hook_s(), reader.hook_calls) == (0.75, 3)
-        assert reader.drain() == [] and reader.next_frame == 2
+        assert reader.drain() == [] and reader.next_frame == 2 and reader.peek() == []
     finally:
         reader.close()
     assert not __import__("os").path.exists(reader.folder)

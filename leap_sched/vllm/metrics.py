@@ -52,10 +52,12 @@ def tokens_left(estimate: float, generated: int) -> float:
 def pending_estimate(channel, request_id: str) -> float:
     """A request's estimate still in the in-process hook channel (the scheduler drains it at the next
     step start; a request that finishes in its prefill step, e.g. a P/D prefill with ``max_tokens``
-    1, is freed before that): the hook's value, read without draining; nan where there is none (with
-    tensor parallel > 1 the estimates arrive through a file channel read at the next step: such a
-    request goes unobserved there)."""
-    for ids, values, _ in getattr(channel, "pending", ()):
+    1, is freed before that): the hook's value, read without draining (the in-process channel's
+    pending batches, or the file channel's frames not yet drained: vLLM's mp executor, which the CPU
+    platform picks for a served engine at every tensor parallel size); nan where there is none."""
+    frames = channel.peek() if hasattr(channel, "peek") else [(ids, values) for ids, values, _ in
+                                                              getattr(channel, "pending", ())]
+    for ids, values in frames:
         if request_id in ids:
             return float(values[ids.index(request_id)])
     return math.nan
