@@ -264,27 +264,40 @@ def load_kernel(rule: str = DEFAULT_RULE):
     spaces = {m.__name__: vars(m) if in_place else dict(vars(m)) for m in modules}
     jit = numba.njit(nogil=True, cache=True, _nrt=False)
     inline = numba.njit(nogil=True, cache=True, _nrt=False, inline="always")
-    saved, numba.config.CACHE_DIR = numba.config.CACHE_DIR, numba_cache_folder(rule)   # read when jitted
+    folder = numba_cache_folder(rule)
+    tag = os.path.basename(folder).replace("-", "_")   # this kernel's names (_own)
+    saved, numba.config.CACHE_DIR = numba.config.CACHE_DIR, folder   # read when jitted
     try:
         steps = ({name for m in STEP_MODULES for name in importlib.import_module(m).JITTED}
                  | set(importlib.import_module("simulator.kernel_policies").INLINED) | set(JITTED))
         jitted = {}
         for m in modules:
             for name in m.JITTED:
-                jitted[name] = (inline if name in steps else jit)(_own(vars(m)[name], spaces, in_place))
+                jitted[name] = (inline if name in steps else jit)(_own(vars(m)[name], spaces, in_place, tag))
         for space in spaces.values():
             for name, fn in (*jitted.items(), *bindings.items()):
                 if name in space:
                     space[name] = fn
-        return jit(_own(_run_steps, spaces, in_place))
+        return jit(_own(_run_steps, spaces, in_place, tag))
     finally:
         numba.config.CACHE_DIR = saved
 
 
-def _own(fn, spaces: dict, in_place: bool):
-    """``fn`` (its plain Python) reading its globals from its kernel module's ``spaces`` entry: itself
-    when jitted in place or when it is a policy's own function (which calls no kernel helper)."""
+def _own(fn, spaces: dict, in_place: bool, tag: str):
+    """``fn`` (its plain Python) as the kernel ``tag`` compiles it: itself when jitted in place (the
+    default rule's kernel); else a copy reading its globals from its kernel module's ``spaces`` entry
+    (a policy's own function: its own globals) and named after the kernel (``name_kernel_<digest>``).
+
+    The name matters: numba names a compiled function by module, qualified name, a per-process
+    counter and argument types, and links a function a kernel calls into it as a weak symbol. Two
+    rules' kernels compiled in two processes whose counters ran alike held helpers of one name with
+    different bodies (``kernel_order._rekey_sort``, each rule's key inlined); loaded from the disk
+    cache into one process, a kernel's call can bind to the helper of the kernel loaded first (weak
+    symbols resolve to the first definition). Named per kernel, no two kernels share a name."""
     fn = getattr(fn, "py_func", fn)
-    if in_place or fn.__module__ not in spaces:
+    if in_place:
         return fn
-    return types.FunctionType(fn.__code__, spaces[fn.__module__], fn.__name__, fn.__defaults__, fn.__closure__)
+    own = types.FunctionType(fn.__code__, spaces.get(fn.__module__, fn.__globals__), fn.__name__, fn.__defaults__,
+                             fn.__closure__)
+    own.__qualname__ = f"{fn.__qualname__}_{tag}"
+    return own
