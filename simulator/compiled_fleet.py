@@ -24,7 +24,7 @@ from predictors.base import Known
 from simulator.compiled import CHUNK_STEPS, CompiledRun, unsupported
 from simulator.engine import RunResult
 from simulator.fleet import FleetSimulation, Replica
-from simulator.fleet_loop import load_loop, loop_unsupported, rule_name, run_loop
+from simulator.fleet_loop import loop_unsupported, prepare_loop, run_loop
 from simulator.fleet_rows import ReplicaRows
 from simulator.kernel_layout import AFTER_STEP, DONE_OR_CHUNK, NEEDS_EVENT, NEEDS_SCORES, PRED_STATIC, UNTIL
 from simulator.replica_table import AccountedTable
@@ -67,11 +67,10 @@ class CompiledFleet(FleetSimulation):
         reads = self.router.reads
         self.recount = (reads == "predicted_work", True)   # (predicted, true) work: the balance reads true work
         self.loop_fallback = loop_unsupported(self)   # None: the whole walk in compiled code (simulator/fleet_loop.py)
-        if self.loop_fallback is None:
-            load_loop(self.runs[0].rule, rule_name(self.router))   # compiled before the clock
+        compiled = prepare_loop(self) if self.loop_fallback is None else None   # compiled before the clock
         started = time.process_time()
-        if self.loop_fallback is None:
-            run_loop(self)
+        if compiled is not None:
+            run_loop(self, *compiled)
         else:
             self._walk()
         for replica, run in zip(self.fleet, self.runs):

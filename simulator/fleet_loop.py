@@ -85,7 +85,7 @@ def _recount(i, rep, routed, lo, outstanding, running, true_work, whole, units, 
 
 def _fleet_loop(reps, arrival, prompt, length, attrs, fixed, route_est, assigned, route_global, routed, lo,
                 outstanding, running, true_work, whole, units, work, rule_state, draws, balance, info,
-                predicted_reads, static):
+                held_end, predicted_reads, static):
     """The fleet's walk over its arrival instants (module docstring); ``info`` = [next row, exit, replica]."""
     n = arrival.shape[0]
     count = len(reps)
@@ -93,6 +93,8 @@ def _fleet_loop(reps, arrival, prompt, length, attrs, fixed, route_est, assigned
     while True:
         until = arrival[next_row] if next_row < n else np.inf
         for i in range(count):
+            if held_end[i] > until:   # its held step lands after the instant: the kernel would return at once
+                continue
             rep = reps[i]
             state = rep[3]
             st = state[0]
@@ -107,6 +109,7 @@ def _fleet_loop(reps, arrival, prompt, length, attrs, fixed, route_est, assigned
                 if status != DONE_OR_CHUNK:
                     info[0], info[1], info[2] = next_row, LOOP_STALLED if status == STALLED else LOOP_NEEDS_PYTHON, i
                     return
+            held_end[i] = rep[4][0].start + rep[4][0].duration if st.held else -np.inf
             if moved and next_row < n:
                 _recount(i, rep, routed, lo, outstanding, running, true_work, whole, units, work, predicted_reads)
         if next_row >= n:
@@ -217,14 +220,12 @@ def rule_name(router) -> str:
     return rule.__name__
 
 
-def run_loop(fleet) -> None:
-    """Route and run ``fleet``'s whole workload in the compiled loop (its replicas' runs built,
-    :func:`loop_unsupported` None); leaves the fleet's bookkeeping as its Python walk does."""
+def loop_args(fleet) -> tuple:
+    """The compiled loop's arguments for ``fleet`` (its replicas' runs built, nothing routed yet)."""
     from numba.typed import List
 
     runs, replicas, router, acc = fleet.runs, fleet.fleet, fleet.router, fleet.accounting
     n, count = fleet.n, len(replicas)
-    loop = load_loop(runs[0].rule, rule_name(router))
     reps = List()
     for replica, run in zip(replicas, runs):
         table = replica.parts.table
@@ -245,10 +246,29 @@ def run_loop(fleet) -> None:
     rule_state = np.zeros(rules.STATE_SIZE, dtype=np.int64)
     balance = np.array([fleet.balance.ratio_sum, float(fleet.balance.samples)])
     info = np.array([fleet.next_row, LOOP_DONE, -1], dtype=np.int64)
-    loop(reps, fleet.arrival, fleet.prompt, fleet.length, fleet.attributes,
-         fleet.fixed if static else empty, route_est, fleet.assigned, fleet.route_estimate, routed, lo,
-         acc.outstanding, acc.running, acc.true_work, whole, units, work, rule_state,
-         router.compiled_draws(n), balance, info, predicted_reads, static)
+    return (reps, fleet.arrival, fleet.prompt, fleet.length, fleet.attributes, fleet.fixed if static else empty,
+            route_est, fleet.assigned, fleet.route_estimate, routed, lo, acc.outstanding, acc.running,
+            acc.true_work, whole, units, work, rule_state, router.compiled_draws(n), balance, info,
+            np.full(count, -np.inf), predicted_reads, static)
+
+
+def prepare_loop(fleet):
+    """The loop for ``fleet`` compiled (or loaded from numba's cache) for its arguments' types, and
+    the arguments: done before the run's clock starts, as the replicas' kernels are."""
+    import numba
+
+    loop = load_loop(fleet.runs[0].rule, rule_name(fleet.router))
+    args = loop_args(fleet)
+    loop.compile(tuple(numba.typeof(a) for a in args))
+    return loop, args
+
+
+def run_loop(fleet, loop, args) -> None:
+    """Route and run ``fleet``'s whole workload in the compiled loop (:func:`prepare_loop`'s);
+    leaves the fleet's bookkeeping as its Python walk does."""
+    runs, replicas, acc = fleet.runs, fleet.fleet, fleet.accounting
+    loop(*args)
+    routed, lo, whole, units, balance, info = args[9], args[10], args[14], args[15], args[19], args[20]
     if info[1] == LOOP_STALLED:
         raise runs[int(info[2])].stalled()
     if info[1] != LOOP_DONE:
