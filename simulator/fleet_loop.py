@@ -199,6 +199,10 @@ def loop_unsupported(fleet) -> str | None:
     router = fleet.router
     if type(router).compiled_rule is None:
         return f"router {router.name!r} declares no compiled rule"
+    from simulator.kernel import DEFAULT_RULE
+
+    if fleet.runs[0].rule != DEFAULT_RULE:   # mlfq, boost, priority: their kernels not yet held to the reference here
+        return f"policy rule {fleet.runs[0].rule} (the loop is tested on the default rule's kernel only)"
     for run in fleet.runs:
         if run.mode not in (PRED_NONE, PRED_STATIC) or run.fb_batch or run.refresh_every or run.after_prefill:
             return "the predictor needs Python between steps (scores, prefill estimates, refreshes or feedback)"
