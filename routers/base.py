@@ -9,6 +9,7 @@ it (``Predictor.router_estimate()``). Ties go to the lowest replica index (``np.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -59,6 +60,9 @@ class Router(ABC):
     needs_kv: ClassVar[bool] = False       # reads KV blocks: refused on a run without --kv-blocks
     needs_cache: ClassVar[bool] = False    # reads replicas' prefix caches: refused without one
     lag: float = 0.0                       # seconds the replicas' counters may lag ("prefix"/"cache" reads)
+    # its compiled form: a function of routers/rules.py the compiled fleet loop compiles in (None: it
+    # routes in Python on the compiled kernel too)
+    compiled_rule: ClassVar[Callable | None] = None
 
     def configure(self, args: str) -> None:
         """``--router NAME:ARGS``: a router taking settings parses them here (one line, ValueError)."""
@@ -72,6 +76,10 @@ class Router(ABC):
     @abstractmethod
     def choose(self, row: int, view: FleetView) -> int:
         """The replica (0 .. replicas - 1) for the request of row ``row`` (rows in arrival order)."""
+
+    def compiled_draws(self, requests: int) -> np.ndarray:
+        """The random 32-bit words its compiled rule reads for ``requests`` routings (after ``reset``)."""
+        return np.zeros(0, dtype=np.uint32)
 
     def describe(self) -> dict:
         return {"name": self.name, "reads": self.reads}

@@ -5,12 +5,14 @@ weighs waiting requests by KV use, reads 100 ms snapshots and rotates ties (docs
 
 from __future__ import annotations
 
+from routers import rules
 from routers.base import FleetView, Router, lowest
 
 
 class LeastRequests(Router):
     name = "least-requests"
     reads = "outstanding"
+    compiled_rule = staticmethod(rules.least_requests)
 
     def choose(self, row: int, view: FleetView) -> int:
         assert view.outstanding is not None

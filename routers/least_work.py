@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+from routers import rules
 from routers.base import FleetView, Router, lowest
 
 
 class LeastWork(Router):
     name = "least-work"
     reads = "predicted_work"
+    compiled_rule = staticmethod(rules.least_work)
 
     def choose(self, row: int, view: FleetView) -> int:
         assert view.work is not None

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from routers import rules
 from routers.base import FleetView, Router
 
 
 class RoundRobin(Router):
     name = "round-robin"
     reads = "nothing"
+    compiled_rule = staticmethod(rules.round_robin)
 
     def reset(self, replicas: int, seed: int) -> None:
         super().reset(replicas, seed)

@@ -24,6 +24,7 @@ from predictors.base import Known
 from simulator.compiled import CHUNK_STEPS, CompiledRun, unsupported
 from simulator.engine import RunResult
 from simulator.fleet import FleetSimulation, Replica
+from simulator.fleet_loop import loop_unsupported, prepare_loop, run_loop
 from simulator.fleet_rows import ReplicaRows
 from simulator.kernel_layout import AFTER_STEP, DONE_OR_CHUNK, NEEDS_EVENT, NEEDS_SCORES, PRED_STATIC, UNTIL
 from simulator.replica_table import AccountedTable
@@ -65,7 +66,24 @@ class CompiledFleet(FleetSimulation):
                       if static else None)
         reads = self.router.reads
         self.recount = (reads == "predicted_work", True)   # (predicted, true) work: the balance reads true work
+        self.loop_fallback = loop_unsupported(self)   # None: the whole walk in compiled code (simulator/fleet_loop.py)
+        compiled = prepare_loop(self) if self.loop_fallback is None else None   # compiled before the clock
         started = time.process_time()
+        if compiled is not None:
+            run_loop(self, *compiled)
+        else:
+            self._walk()
+        for replica, run in zip(self.fleet, self.runs):
+            run.finish()
+            self._settle(replica, run)
+        sim_cpu_s = time.process_time() - started
+        done = sum(r.parts.table.finished for r in self.fleet)
+        if done != self.n:
+            raise RuntimeError(f"fleet simulation ended with {self.n - done} unfinished requests")
+        return self._result(sim_cpu_s)
+
+    def _walk(self) -> None:
+        """The fleet's arrival instants walked in Python, each replica's kernel called per instant."""
         while True:
             until = float(self.arrival[self.next_row]) if self.next_row < self.n else np.inf
             landed = [run_until(run, until) for run in self.runs]
@@ -77,14 +95,6 @@ class CompiledFleet(FleetSimulation):
             while self.next_row < self.n and self.arrival[self.next_row] <= until:
                 self._route(self.next_row)
                 self.next_row += 1
-        for replica, run in zip(self.fleet, self.runs):
-            run.finish()
-            self._settle(replica, run)
-        sim_cpu_s = time.process_time() - started
-        done = sum(r.parts.table.finished for r in self.fleet)
-        if done != self.n:
-            raise RuntimeError(f"fleet simulation ended with {self.n - done} unfinished requests")
-        return self._result(sim_cpu_s)
 
     def _table(self, index: int) -> RequestTable:
         """The kernel writes the table in place: only routings reach the accounting as they happen."""

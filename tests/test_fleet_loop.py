@@ -1,0 +1,140 @@
+"""The compiled fleet loop (simulator/fleet_loop.py: every replica's kernel and the routing in one
+numba function) replays the reference fleet byte for byte: random fleets with same-instant bursts,
+on the unit engine with integer arrivals (steps end exactly at arrival instants) and on a fitted
+profile with float gaps, every router with a compiled rule x the compiled policies on the default
+rule x the predictors whose estimates need no Python (none, oracle, noisy-oracle). The routers'
+rules replay their Python twins (power-of-two: numpy's generator word for word); a run the loop
+cannot take says why and keeps the Python-driven walk."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from core.trace import load_trace, trace_from_arrays
+from policies import make_policy
+from predictors import PredictorOptions, make_predictor
+from routers import ROUTERS, make_router, rules
+from routers.power_of_two import STREAM
+from simulator.config import EngineConfig
+from simulator.fleet import FleetSimulation
+from simulator.profiles import make_profile
+from simulator.profiles.unit import UnitProfile
+from tests.test_compiled import assert_identical
+
+#: routers the loop runs, policies compiled on the default rule, predictors that need no Python
+COMPILED_ROUTERS = [name for name, cls in ROUTERS.items() if cls.compiled_rule is not None]
+POLICIES = ["fcfs", "countdown", "aging", "ssjf-starvation"]
+PREDICTORS = ["none", "oracle", "noisy-oracle"]
+
+needs_numba = pytest.mark.skipif(importlib.util.find_spec("numba") is None,
+                                 reason="numba is not installed (extra `fast`): the compiled kernel falls back")
+
+
+def test_the_rules_are_declared_on_the_routers():
+    assert set(COMPILED_ROUTERS) == {"round-robin", "least-requests", "least-work", "oracle-work", "power-of-two"}
+    assert all(cls.compiled_rule in rules.RULES for cls in ROUTERS.values() if cls.compiled_rule is not None)
+
+
+@settings(max_examples=40, deadline=None)
+@given(replicas=st.integers(1, 4096), seed=st.integers(0, 2**32), routings=st.integers(1, 60),
+       counts=st.lists(st.integers(0, 3), min_size=1, max_size=8))
+def test_power_of_two_rule_draws_what_the_generator_draws(replicas, seed, routings, counts):
+    """The rule's pairs are ``Generator.choice(N, 2, replace=False)``'s, call after call."""
+    outstanding = np.resize(np.array(counts, dtype=np.int64), replicas)
+    router = make_router("power-of-two")
+    router.reset(replicas, seed)
+    draws = router.compiled_draws(routings)
+    rng = np.random.default_rng([seed, STREAM])
+    state = np.zeros(rules.STATE_SIZE, dtype=np.int64)
+    for _ in range(routings):
+        if replicas == 1:
+            expected = 0
+        else:
+            a, b = sorted(int(x) for x in rng.choice(replicas, size=2, replace=False))
+            expected = b if outstanding[b] < outstanding[a] else a
+        assert rules.power_of_two(state, outstanding, None, None, draws) == expected
+
+
+def test_power_of_two_rule_says_when_its_draws_ran_out():
+    draws = rules.words(np.random.default_rng(0), 2)
+    state = np.zeros(rules.STATE_SIZE, dtype=np.int64)
+    assert rules.power_of_two(state, np.zeros(5, dtype=np.int64), None, None, draws) == -1
+    used = np.random.default_rng(0)
+    used.integers(0, 10)   # a 32-bit word held back: the words would not be the generator's next ones
+    with pytest.raises(ValueError, match="fresh PCG64"):
+        rules.words(used, 4)
+
+
+def _predictor(name: str):
+    if name == "none":
+        return lambda: None
+    options = PredictorOptions(noise_mae=40.0) if name == "noisy-oracle" else None
+    return lambda: make_predictor(name, options)
+
+
+def _pair(workload, arrival, router, policy, predictor, replicas, seed, profile, config):
+    from simulator.compiled_fleet import CompiledFleet
+
+    fleets = [cls(workload, np.asarray(arrival, dtype=np.float64), replicas=replicas, router=make_router(router),
+                  make_policy=lambda: make_policy(policy), make_predictor=_predictor(predictor), profile=profile,
+                  config=config, seed=seed) for cls in (FleetSimulation, CompiledFleet)]
+    return fleets, [fleet.run() for fleet in fleets]
+
+
+def _assert_same(fleets, results):
+    assert fleets[1].loop_fallback is None   # the loop really ran
+    assert_identical(*results)
+    assert results[0].replica.tolist() == results[1].replica.tolist()
+    assert repr(results[0].balance_max_over_mean) == repr(results[1].balance_max_over_mean)
+
+
+@needs_numba
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 40), replicas=st.integers(1, 5), gaps=st.lists(st.sampled_from([0, 0, 0.5, 1, 2]),
+                                                                       min_size=40, max_size=40),
+       lengths=st.lists(st.integers(1, 9), min_size=40, max_size=40), router=st.sampled_from(COMPILED_ROUTERS),
+       policy=st.sampled_from(POLICIES), predictor=st.sampled_from(PREDICTORS), seed=st.integers(0, 5))
+def test_loop_matches_reference_on_the_unit_engine(n, replicas, gaps, lengths, router, policy, predictor, seed):
+    """Arrivals on a half-second grid with bursts on the unit engine (every step 1.0 s): steps end
+    exactly at arrival instants, where a step's landing comes before the routing, also a step held
+    over an earlier arrival (one at its middle)."""
+    if ROUTERS[router].reads == "predicted_work" and predictor == "none":
+        predictor = "oracle"
+    trace = trace_from_arrays("toy", np.full(n, 4), np.array(lengths[:n]))
+    config = EngineConfig(max_resident=3, decode_slots=2, prefill_token_budget=64, wait_cap=2)
+    _assert_same(*_pair(trace, np.cumsum(gaps[:n]), router, policy, predictor, replicas, seed, UnitProfile(), config))
+
+
+@needs_numba
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 60), replicas=st.integers(1, 6), gaps=st.lists(st.sampled_from([0.0, 0.01, 0.05, 0.3]),
+                                                                       min_size=60, max_size=60),
+       router=st.sampled_from(COMPILED_ROUTERS), policy=st.sampled_from(POLICIES),
+       predictor=st.sampled_from(PREDICTORS), seed=st.integers(0, 5))
+def test_loop_matches_reference_on_a_fitted_profile(n, replicas, gaps, router, policy, predictor, seed):
+    """Float gaps with bursts (arrivals at one instant) on a fitted engine profile."""
+    if ROUTERS[router].reads == "predicted_work" and predictor == "none":
+        predictor = "oracle"
+    trace = load_trace("lmsys")
+    config = EngineConfig(max_resident=6, decode_slots=3, prefill_token_budget=2048, wait_cap=4)
+    _assert_same(*_pair(trace.take(np.arange(n)), np.cumsum(gaps[:n]), router, policy, predictor, replicas, seed,
+                        make_profile("qwen3-8b-h100", trace), config))
+
+
+@needs_numba
+@pytest.mark.parametrize(("router", "predictor", "why"), [
+    ("least-requests", "leap-rls", "needs Python between steps"),
+    ("least-work", "ssjf", "needs Python between steps"),
+    ("queue-depth", "none", "declares no compiled rule"),
+])
+def test_a_fleet_the_loop_cannot_take_keeps_the_python_walk(router, predictor, why):
+    trace = load_trace("lmsys")
+    fleets, results = _pair(trace.take(np.arange(30)), np.linspace(0.0, 3.0, 30), router, "countdown", predictor, 3,
+                            0, make_profile("qwen3-8b-h100", trace), EngineConfig(max_resident=6, decode_slots=3))
+    assert why in fleets[1].loop_fallback
+    assert results[0].replica.tolist() == results[1].replica.tolist()
