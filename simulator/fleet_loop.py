@@ -170,7 +170,7 @@ def load_loop(policy_rule: str, router_rule: str):
 
     kernel = load_kernel(policy_rule)
     folder = os.path.join(numba_cache_folder(policy_rule), f"fleet-{router_rule}")
-    saved, numba.config.CACHE_DIR = numba.config.CACHE_DIR, folder  # type: ignore[attr-defined]
+    saved, numba.config.CACHE_DIR = numba.config.CACHE_DIR, folder
     try:   # read when jitted
         jit = numba.njit(nogil=True, cache=True)
         rule_space = dict(vars(rules))
@@ -183,7 +183,7 @@ def load_loop(policy_rule: str, router_rule: str):
         space["_recount"] = jit(_rebound(_recount, space))
         return jit(_rebound(_fleet_loop, space))
     finally:
-        numba.config.CACHE_DIR = saved  # type: ignore[attr-defined]
+        numba.config.CACHE_DIR = saved
 
 
 def _rebound(fn, space: dict):
@@ -226,11 +226,11 @@ def rule_name(router) -> str:
 
 def loop_args(fleet) -> tuple:
     """The compiled loop's arguments for ``fleet`` (its replicas' runs built, nothing routed yet)."""
-    from numba.typed import List
+    import numba  # numba.typed, not imported by name: mypy would then read numba's own sources
 
     runs, replicas, router, acc = fleet.runs, fleet.fleet, fleet.router, fleet.accounting
     n, count = fleet.n, len(replicas)
-    reps = List()
+    reps = numba.typed.List()
     for replica, run in zip(replicas, runs):
         table = replica.parts.table
         reps.append((run.rows, run.work, run.settings, run.state, run.batch, replica.rows, table.route_estimate,
