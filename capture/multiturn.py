@@ -17,9 +17,9 @@ a service where several conversations are open at once. Prompt id ``CONVERSATION
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
-from .prompts import Prompt, _sharegpt_records
+from .prompt_record import Prompt
 
 MIN_TURNS = 3
 MAX_TURNS = 4
@@ -51,10 +51,11 @@ def conversation_prompts(cid: str, messages: list[tuple[str, str]]) -> list[Prom
             for k in range(len(messages) // 2)]
 
 
-def load_sharegpt_turns() -> Iterator[Prompt]:
+def load_sharegpt_turns(records: Iterable[dict]) -> Iterator[Prompt]:
+    """The turns of ``records`` (ShareGPT's, in the file's order: ``capture.prompts``), grouped."""
     seen: set[str] = set()
     group: list[list[Prompt]] = []
-    for rec in _sharegpt_records():
+    for rec in records:
         cid = str(rec.get("id") or "")
         messages = conversation_turns(rec.get("conversations") or [])
         if not cid or cid in seen or messages is None:

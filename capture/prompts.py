@@ -52,11 +52,12 @@ import json
 import re
 import unicodedata
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import CaptureError
+from .multiturn import load_sharegpt_turns
+from .prompt_record import Prompt
 
 MGSM_LANGS = ["bn", "de", "es", "fr", "ja", "ru", "sw", "te", "th", "zh"]
 
@@ -69,26 +70,6 @@ def shared_data_dir() -> Path:
         return data_dir()
     except DataDirMissing as e:
         raise CaptureError(str(e)) from None
-
-
-@dataclass
-class Prompt:
-    domain: str
-    prompt_id: str
-    text: str  # user message
-    keep_text: bool  # may the trace carry the text (registry-sourced sets only)
-    reference: str | None = None  # the source's own reference answer, if any
-    source: str = ""
-    # the messages before this user turn, (role, text) each (a multi-turn source: capture/multiturn.py)
-    history: tuple[tuple[str, str], ...] = ()
-
-    def messages(self) -> list[dict]:
-        """The chat messages of this request: its history, then its user turn."""
-        return [{"role": r, "content": c} for r, c in self.history] + [{"role": "user", "content": self.text}]
-
-    @property
-    def request_id(self) -> str:
-        return f"{self.domain}:{self.prompt_id}"
 
 
 def _hash_id(text: str) -> str:
@@ -406,9 +387,7 @@ for _lg in MGSM_LANGS + ["en"]:
 
 
 def _load_sharegpt_turns() -> Iterator[Prompt]:
-    from .multiturn import load_sharegpt_turns
-
-    return load_sharegpt_turns()
+    return load_sharegpt_turns(_sharegpt_records())
 
 
 SOURCES["sharegpt-turns"] = _load_sharegpt_turns

@@ -7,10 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -68,15 +64,7 @@ def test_one_replica_fleet_gives_the_single_engines_per_class_result(toy):
     assert _classes(plain.finish_s, priority) != (urgent, other)   # the column is what made the difference
 
 
-#: Set in the fresh process of :func:`test_both_kernels_alike_in_a_fresh_process`.
-FRESH = "LEAP_TEST_FRESH_PROCESS"
-
-
 @pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba is not installed")
-@pytest.mark.xfail(condition=not os.environ.get(FRESH), strict=False,
-                   reason="known bug: after other policy rules' kernels were loaded in the same process (the full "
-                          "suite), the toy rule's compiled fleet differs from the reference; it holds in a fresh "
-                          "process, which test_both_kernels_alike_in_a_fresh_process requires")
 @pytest.mark.parametrize("replicas", [1, 2, 4])
 @pytest.mark.parametrize("router", ["round-robin", "least-work"])
 def test_both_kernels_route_and_serve_by_class_alike(toy, replicas, router):
@@ -95,16 +83,6 @@ def test_both_kernels_route_and_serve_by_class_alike(toy, replicas, router):
         if (priority[mine] == 0).any() and (priority[mine] == 1).any():
             wait = ref.finish_s[mine] - arrival[mine]
             assert wait[priority[mine] == 0].mean() < wait[priority[mine] == 1].mean()
-
-
-@pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba is not installed")
-def test_both_kernels_alike_in_a_fresh_process():
-    """The six kernel comparisons above, in a process that loaded no other rule's kernel: all must pass."""
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           f"{Path(__file__).relative_to(root)}::test_both_kernels_route_and_serve_by_class_alike"],
-                          cwd=root, env={**os.environ, FRESH: "1"}, capture_output=True, text=True)
-    assert done.returncode == 0 and "6 passed" in done.stdout, done.stdout[-3000:]
 
 
 # --- leap-serve replays carry the trace's attributes to vLLM ------------------------------------------
