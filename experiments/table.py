@@ -5,6 +5,7 @@ and the trade-off of each length-aware run against FCFS in words."""
 from __future__ import annotations
 
 from core.console import fitted_table, header_lines, output_width, stdout_console
+from simulator.run_metrics import wide_columns, wide_legend
 
 NO_PREDICTOR = "none"   # simulator.runner.NO_PREDICTOR (not imported: that module loads the engine)
 #: Width when stdout is neither a terminal nor told by $COLUMNS (a file, a pipe).
@@ -101,7 +102,7 @@ def print_table(summaries: list[dict], wide: bool = False) -> None:
         base = fcfs.get(key(s))
         rows.append({**s, "vs_fcfs_p95_e2e_s": _change(s.get("p95_e2e_s"), base and base.get("p95_e2e_s")),
                      "vs_fcfs_mean_ptl_s": s.get("vs_fcfs_mean_ptl_s") if len(summaries) > 1 else None})
-    columns = list(WIDE_COLUMNS if wide else COMPACT_COLUMNS)
+    columns = WIDE_COLUMNS + wide_columns() if wide else list(COMPACT_COLUMNS)   # + simulator.run_metrics'
     if not fcfs or len(summaries) == 1:
         columns = [c for c in columns if not c[1].startswith("vs_fcfs")]
     if not any(s["predictor"] == "leap" for s in summaries):
@@ -130,7 +131,7 @@ def print_table(summaries: list[dict], wide: bool = False) -> None:
         console.print(line, style="italic", soft_wrap=True)
     console.print(table)
     hits = HIT_LEGEND if "prefix_hit_rate" in headers else ""
-    for line in header_lines((LEGEND + hits + (WIDE_LEGEND if wide else "")).split(" | "), width):
+    for line in header_lines((LEGEND + hits + (WIDE_LEGEND + wide_legend() if wide else "")).split(" | "), width):
         console.print(line, soft_wrap=True)
     if dropped:
         console.print(f"not shown at {width} columns: {', '.join(headers[n] for n in dropped)} (--wide shows "

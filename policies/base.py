@@ -107,6 +107,13 @@ class Policy(ABC):
         """Keys for waiting ``rows`` (only asked when the predictor scores before prefill)."""
         return None
 
+    def victim_keys(self, view: SchedulerView, rows: np.ndarray) -> np.ndarray | None:
+        """The KV victim rule (``--kv-blocks``; docs/extending.md "Add a KV victim rule"): keys for the
+        resident ``rows`` in the order a block shortage spares them, the highest key preempted first
+        (:func:`policies.selection.victim_order`; the step's decodes stay ahead of the residents not
+        decoding either way). None (the default): the decode order of :meth:`decode_keys`."""
+        return None
+
     def compiled_form(self) -> CompiledForm | None:
         """The kernel's statement of this policy (None: the reference engine runs it)."""
         return None

@@ -49,11 +49,13 @@ def victim_order(policy: Policy, view: SchedulerView, ready: np.ndarray, chosen:
     """Every row of ``ready`` in the order a KV shortage spares them (docs/semantics.md "KV blocks" 3):
     the step's decodes first (the wait cap's forced ones as ``choose_decodes`` lists them, then the
     rest of ``chosen`` in the policy's order), then the residents not chosen in the policy's order.
+    The policy's order is its ``victim_keys`` where it declares them, else its decode keys.
     Decodes ask for blocks from the front and the last row not yet preempted is the next victim, so a
     forced decode is spared while any request the policy ranks behind it remains, and no victim has
     been served its block already: vLLM's running queue read from the front and popped from the back
     (``live.scheduler`` hands vLLM exactly this order)."""
-    ranked = rank(policy, view, ready, len(ready))
+    keys = policy.victim_keys(view, ready)   # the policy's KV victim rule, if it has its own
+    ranked = rank(policy, view, ready, len(ready)) if keys is None else ready[np.argsort(keys, kind="stable")]
     forced = chosen[:n_forced]
     picked = np.isin(ranked, chosen)
     return np.concatenate([forced, ranked[picked & ~np.isin(ranked, forced)], ranked[~picked]])

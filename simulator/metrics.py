@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from core.latency import itl_from_request_means, latency_summary, request_goodput, request_latencies, slo_attainment
 from simulator.engine import RunResult
+from simulator.run_metrics import run_metrics
 
 LONG_REQUEST_TOKENS = 1024
 
@@ -160,6 +161,7 @@ def summarize(result: RunResult, slos: dict[str, float] | None = None, **context
         "mae_in_use": _num(result.mae_in_use) if result.mae_in_use is not None else None,
         "sim_cpu_s": _num(result.sim_cpu_s),
         **field_latency(result, span, slos, lat),
+        **run_metrics(result, lat),   # simulator.run_metrics: one entry a metric
     }
     if result.replica is not None:
         summary.update(fleet_balance(result))

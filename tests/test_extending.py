@@ -274,3 +274,110 @@ def test_the_toy_router_reads_the_snapshots_running_counter(monkeypatch, toy_sit
         filled = {k for k, v in dataclasses.asdict(ReplicaAccounting(2, 4).view(reads)).items() if v is not None}
         assert set(re.findall(r"`(\w+)`", named)) == filled - {"replicas", "block_size", "now", "snapshot_at"}, reads
         assert set(re.findall(r"`(\w+)`", named)) <= fields
+
+
+def recipe_code(tag: str) -> str:
+    """A recipe's code block, as the page shows it (```python TAG)."""
+    block = re.search(rf"```python {tag}\n(.*?)```", DOC.read_text(), flags=re.S)
+    assert block, f"docs/extending.md has no ```python {tag} block"
+    return block.group(1)
+
+
+def recipe_namespace(tag: str) -> dict:
+    namespace: dict = {"__name__": f"recipe_{tag.replace('-', '_')}"}
+    exec(compile(recipe_code(tag), f"docs/extending.md ({tag})", "exec"), namespace)
+    return namespace
+
+
+def victim_policy() -> type:
+    from policies.base import Policy
+    return next(v for v in recipe_namespace("recipe-victim").values()
+                if isinstance(v, type) and issubclass(v, Policy) and "victim_keys" in vars(v))
+
+
+@pytest.fixture(scope="module")
+def recipe_site(tmp_path_factory) -> Path:
+    """The KV victim and metric recipes' code, from the page, registered when the interpreter starts."""
+    site = tmp_path_factory.mktemp("recipes")
+    (site / "recipe_victim.py").write_text(recipe_code("recipe-victim"))
+    (site / "recipe_metric.py").write_text(recipe_code("recipe-metric"))
+    (site / "sitecustomize.py").write_text(
+        "import recipe_metric  # noqa: F401 (registers its metric)\nfrom policies import POLICIES\n"
+        "from policies.base import Policy\nimport recipe_victim\n"
+        "for v in vars(recipe_victim).values():\n"
+        "    if isinstance(v, type) and issubclass(v, Policy) and 'victim_keys' in vars(v):\n"
+        "        POLICIES[v.name] = v\n")
+    return site
+
+
+def test_the_victim_recipes_rule_orders_a_hand_example():
+    """Four residents (prompt 4 each; generated 9, 1, 5, 3 tokens; estimates 20, 30, 6, 40), row 0
+    decodes: countdown spares by remaining length (1, 11, 29, 37: rows 2, 0, 1, 3), so row 3 goes
+    first; the recipe's rule spares by tokens held (13, 9, 7, 5: rows 0, 2, 3, 1), so row 1 goes first,
+    and the decode stays in front either way."""
+    import numpy as np
+
+    from policies import make_policy
+    from policies.base import SchedulerView
+    from policies.selection import victim_order
+
+    view = SchedulerView(now=0.0, arrival_s=np.zeros(4), predicted=np.array([20.0, 30.0, 6.0, 40.0]),
+                         generated=np.array([9, 1, 5, 3]), output_kind="length", prompt=np.full(4, 4))
+    rows, chosen = np.arange(4), np.array([0])
+    assert victim_order(make_policy("countdown"), view, rows, chosen, 0).tolist() == [0, 2, 1, 3]
+    toy = victim_policy()()
+    assert victim_order(toy, view, rows, chosen, 0).tolist() == [0, 2, 3, 1]
+    assert victim_order(toy, view, rows, np.array([1, 3]), 1).tolist() == [1, 3, 0, 2]   # forced first
+    assert toy.decode_keys(view, rows).tolist() == make_policy("countdown").decode_keys(view, rows).tolist()
+
+
+def test_the_metric_recipes_figure_on_a_hand_example(monkeypatch):
+    """Six requests at t=0 on the unit engine (every step 1 s), one resident at a time: the last one
+    waits for the five before it, so the slowest first token is its, and the summary, the JSON and
+    the wide table's columns carry the recipe's entry."""
+    import numpy as np
+
+    from core.trace import trace_from_arrays
+    from policies import make_policy
+    from simulator import run_metrics
+    from simulator.engine import EngineConfig, Simulation
+    from simulator.metrics import summarize
+    from simulator.profiles.unit import UnitProfile
+
+    monkeypatch.setattr(run_metrics, "RUN_METRICS", dict(run_metrics.RUN_METRICS))
+    namespace = recipe_namespace("recipe-metric")
+    added = set(run_metrics.RUN_METRICS) - {"p99_ptl_s"}
+    assert len(added) == 1 and namespace["RUN_METRICS"] is run_metrics.RUN_METRICS
+    key = added.pop()
+    n, output = 6, np.array([3, 1, 4, 1, 5, 2])
+    sim = Simulation(trace_from_arrays("toy", np.full(n, 8), output), np.zeros(n), policy=make_policy("fcfs"),
+                     predictor=None, profile=UnitProfile(), config=EngineConfig(max_resident=1, decode_slots=1,
+                                                                               wait_cap=0))
+    result = sim.run()
+    ttft = result.first_token_s - result.arrival_s
+    summary = summarize(result)
+    assert summary[key] == float(ttft.max()) > float(np.mean(ttft))
+    assert summary[key] == float(ttft[-1])
+    assert (run_metrics.RUN_METRICS[key].header, key) in run_metrics.wide_columns()
+
+
+@pytest.mark.slow
+def test_the_victim_and_metric_recipes_commands_run_as_written(recipe_site):
+    import json
+
+    victim = victim_policy().name
+    for argv in recipe_commands("recipe-victim", victim):
+        r = run_command(argv, recipe_site)
+        assert r.returncode == 0, f"{' '.join(argv)}: exit {r.returncode}\n{r.stderr[-3000:]}"
+        runs = {s["policy"]: s for s in map(json.loads, r.stdout.splitlines())}
+        assert set(runs) == {victim, "countdown"} and runs[victim]["preemptions"] > 0
+        assert (runs[victim]["preemptions"], runs[victim]["mean_e2e_s"]) != (
+            runs["countdown"]["preemptions"], runs["countdown"]["mean_e2e_s"])   # the rule chose
+    header = re.search(r'RunMetric\("([^"]+)"', recipe_code("recipe-metric")).group(1)
+    key = re.search(r'RUN_METRICS\["(\w+)"\]', recipe_code("recipe-metric")).group(1)
+    wide, as_json = recipe_commands("recipe-metric", "")
+    r = run_command(wide, recipe_site)
+    assert r.returncode == 0 and header in r.stdout and "p99 NL" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    r = run_command(as_json, recipe_site)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert all(isinstance(json.loads(line)[key], float) for line in r.stdout.splitlines())
