@@ -20,15 +20,9 @@ ROUTED, NEXT_DRAW = 0, 1
 STATE_SIZE = 2
 
 
-def _lowest_int(values):
-    best = 0
-    for i in range(1, values.shape[0]):
-        if values[i] < values[best]:
-            best = i
-    return best
-
-
-def _lowest_float(values):
+def _lowest(values):
+    """The index of the first minimum of ``values`` (int64 counters or float64 work: numba
+    compiles one specialisation per dtype)."""
     best = 0
     for i in range(1, values.shape[0]):
         if values[i] < values[best]:
@@ -46,19 +40,19 @@ def round_robin(state, outstanding, work, true_work, draws):
 def least_requests(state, outstanding, work, true_work, draws):
     """routers/least_requests.py: the fewest outstanding requests."""
     state[ROUTED] += 1
-    return _lowest_int(outstanding)
+    return _lowest(outstanding)
 
 
 def least_work(state, outstanding, work, true_work, draws):
     """routers/least_work.py: the least predicted outstanding work."""
     state[ROUTED] += 1
-    return _lowest_float(work)
+    return _lowest(work)
 
 
 def oracle_work(state, outstanding, work, true_work, draws):
     """routers/oracle_work.py: the least true outstanding work."""
     state[ROUTED] += 1
-    return _lowest_int(true_work)
+    return _lowest(true_work)
 
 
 def _bounded(draws, state, rng):

@@ -27,6 +27,7 @@ from routers.snapshot import FleetBalance, ReplicaAccounting
 from simulator.config import EngineConfig
 from simulator.engine import RunResult, check_step_clock, checked_arrivals
 from simulator.fleet_cache import CacheView
+from simulator.fleet_result import fleet_result
 from simulator.fleet_rows import ReplicaRows
 from simulator.prediction import NoPrediction, PredictionDriver
 from simulator.prefix_cache import cached_tokens_of
@@ -268,37 +269,7 @@ class FleetSimulation:
 
     # --- the result ------------------------------------------------------------------------------
     def _result(self, sim_cpu_s: float) -> RunResult:
-        n = self.n
-        out = {name: np.full(n, np.nan) for name in ("admit_s", "first_token_s", "finish_s", "first_predicted",
-                                                     "ready_s")}
-        steps = {name: np.full(n, -1, dtype=np.int64) for name in ("admit_step", "first_token_step", "finish_step",
-                                                                   "forced_steps")}
-        for replica in self.fleet:
-            t, k = replica.parts.table, replica.routed
-            rows = replica.rows[:k]
-            for name, arr in out.items():
-                arr[rows] = getattr(t, name)[:k]
-            for name, arr in steps.items():
-                arr[rows] = getattr(t, name)[:k]
-        preemptions = None
-        if self.config.kv_bounded:   # per request, times preempted (as one engine reports them)
-            preemptions = np.zeros(n, dtype=np.int64)
-            for replica in self.fleet:
-                preemptions[replica.rows[:replica.routed]] = replica.parts.table.preemptions[:replica.routed]
-        cached = cached_tokens_of(self.fleet, n) if self.config.caches_prefixes else None
-        drivers = [r.driver for r in self.fleet]
-        decodes = sum(getattr(d, "in_use_decodes", 0) for d in drivers)
-        error = sum(getattr(d, "in_use_abs_error", 0.0) for d in drivers)
-        return RunResult(
-            workload=self.workload, rows_request_id=self.workload.request_id, arrival_s=self.arrival,
-            admit_s=out["admit_s"], first_token_s=out["first_token_s"], finish_s=out["finish_s"],
-            admit_step=steps["admit_step"], first_token_step=steps["first_token_step"],
-            finish_step=steps["finish_step"], prompt_tokens=self.prompt, output_tokens=self.length,
-            predicted_tokens=out["first_predicted"], predicted_ready_s=out["ready_s"],
-            forced_steps=steps["forced_steps"], steps=sum(r.step for r in self.fleet),
-            gpu_s_charged=sum(d.gpu_s for d in drivers), predictor_cpu_s=sum(d.cpu_s for d in drivers),
-            updates_published=sum(d.updates for d in drivers), sim_cpu_s=sim_cpu_s,
-            output_kind=drivers[0].output_kind, mae_in_use=error / decodes if decodes else None,
-            contended_steps=sum(r.parts.scheduler.contended for r in self.fleet),
-            replica=self.assigned.copy(), replicas=self.replicas, preemptions=preemptions, cached_tokens=cached,
-            balance_max_over_mean=self.balance.max_over_mean)
+        cached = cached_tokens_of(self.fleet, self.n) if self.config.caches_prefixes else None
+        return fleet_result(self, self.fleet, self.fleet, sim_cpu_s, replica=self.assigned.copy(),
+                            replicas=self.replicas, cached_tokens=cached,
+                            balance_max_over_mean=self.balance.max_over_mean)

@@ -174,7 +174,7 @@ def load_loop(policy_rule: str, router_rule: str):
     try:   # read when jitted
         jit = numba.njit(nogil=True, cache=True)
         rule_space = dict(vars(rules))
-        for name in ("_lowest_int", "_lowest_float", "_bounded"):
+        for name in ("_lowest", "_bounded"):
             rule_space[name] = jit(_rebound(getattr(rules, name), dict(vars(rules))))
         space = dict(globals())
         space["_kernel"] = kernel

@@ -8,53 +8,22 @@ from typing import Any
 import numpy as np
 
 from simulator.engine import RunResult
+from simulator.fleet_result import fleet_result, gather
 
 #: a :class:`simulator.pd_fleet.PDFleet` (not imported: it imports this module)
 PDFleet = Any
 
 
-def _gather(instances, names: tuple[str, ...], n: int, kind) -> dict[str, np.ndarray]:
-    out = {name: np.full(n, np.nan) if kind is float else np.full(n, -1, dtype=np.int64) for name in names}
-    for replica in instances:
-        t, k = replica.parts.table, replica.routed
-        rows = replica.rows[:k]
-        for name, arr in out.items():
-            arr[rows] = getattr(t, name)[:k]
-    return out
-
-
 def pd_result(fleet: PDFleet, sim_cpu_s: float) -> RunResult:
-    n = fleet.n
-    # the prefill instance: admission, the prefill's end, the estimate; the decode instance: the rest
-    pre = _gather(fleet.fleet, ("admit_s", "first_token_s", "first_predicted", "ready_s"), n, float)
-    pre_steps = _gather(fleet.fleet, ("admit_step",), n, int)
-    dec = _gather(fleet.decoders, ("first_token_s", "finish_s"), n, float)
-    dec_steps = _gather(fleet.decoders, ("first_token_step", "finish_step", "forced_steps"), n, int)
-    preemptions = None
-    if fleet.config.kv_bounded:
-        preemptions = np.zeros(n, dtype=np.int64)
-        for decoder in fleet.decoders:
-            preemptions[decoder.rows[:decoder.routed]] = decoder.parts.table.preemptions[:decoder.routed]
-    instances = fleet.fleet + fleet.decoders
-    drivers = [r.driver for r in instances]
-    decodes = sum(getattr(r.driver, "in_use_decodes", 0) for r in fleet.decoders)
-    error = sum(getattr(r.driver, "in_use_abs_error", 0.0) for r in fleet.decoders)
+    """Admission and the estimate from the prefill instance, the rest from the decode instance
+    (:func:`simulator.fleet_result.fleet_result`), and each request's stages."""
+    prefill_done = gather(fleet.fleet, ("first_token_s",), fleet.n, float)["first_token_s"]
     stages = {"prefill_replica": fleet.assigned.copy(), "decode_replica": fleet.decode_of.copy(),
-              "prefill_done_s": pre["first_token_s"], "transfer_start_s": fleet.transfer[:, 1].copy(),
+              "prefill_done_s": prefill_done, "transfer_start_s": fleet.transfer[:, 1].copy(),
               "transfer_end_s": fleet.transfer[:, 2].copy(), "decode_placed_s": fleet.transfer[:, 0].copy()}
-    return RunResult(
-        workload=fleet.workload, rows_request_id=fleet.workload.request_id, arrival_s=fleet.arrival,
-        admit_s=pre["admit_s"], first_token_s=dec["first_token_s"], finish_s=dec["finish_s"],
-        admit_step=pre_steps["admit_step"], first_token_step=dec_steps["first_token_step"],
-        finish_step=dec_steps["finish_step"], prompt_tokens=fleet.prompt, output_tokens=fleet.length,
-        predicted_tokens=pre["first_predicted"], predicted_ready_s=pre["ready_s"],
-        forced_steps=dec_steps["forced_steps"], steps=sum(r.step for r in instances),
-        gpu_s_charged=sum(d.gpu_s for d in drivers), predictor_cpu_s=sum(d.cpu_s for d in drivers),
-        updates_published=sum(d.updates for d in drivers), sim_cpu_s=sim_cpu_s,
-        output_kind=fleet.decoders[0].driver.output_kind, mae_in_use=error / decodes if decodes else None,
-        contended_steps=sum(r.parts.scheduler.contended for r in instances), preemptions=preemptions,
-        balance_max_over_mean=fleet.decode_balance.max_over_mean, stages=stages,
-        pd_replicas=(fleet.replicas, fleet.decode_replicas))
+    return fleet_result(fleet, fleet.fleet, fleet.decoders, sim_cpu_s, stages=stages,
+                        balance_max_over_mean=fleet.decode_balance.max_over_mean,
+                        pd_replicas=(fleet.replicas, fleet.decode_replicas))
 
 
 def pd_summary(result: RunResult) -> dict:

@@ -93,7 +93,7 @@ def readout_path(tmp_path_factory):
 def server_factory(tmp_path):
     """Start real ``vllm serve`` processes (``tests/vllm_server.Server``); stop them all afterwards and
     check that no process of their groups is left."""
-    from vllm_server import Server, group_members
+    from vllm_server import Server, assert_gone
 
     servers = []
 
@@ -112,7 +112,7 @@ def server_factory(tmp_path):
     yield start
     for s in servers:
         s.stop()
-        assert not group_members(s.pgid), f"processes left after stopping the server: {group_members(s.pgid)}"
+        assert_gone(s)
 
 
 @pytest.fixture(scope="session")
@@ -122,17 +122,12 @@ def fcfs_server(tmp_path_factory):
     one engine start instead of one per test. A test reads the log lines after its own
     ``server.mark()``; the server is stopped at the end of the session and no process of its group
     may be left."""
-    from vllm_server import HAVE, SKIP_REASON, Server, group_members
+    from vllm_server import HAVE, SKIP_REASON, running
 
     from live.config import LiveSchedulerConfig
 
     if not HAVE:
         pytest.skip(SKIP_REASON)
     cfg = LiveSchedulerConfig(policy="fcfs", predictor="none", max_resident=8, decode_slots=1, wait_cap=0)
-    server = Server(cfg, tmp_path_factory.mktemp("fcfs-server") / "fcfs.log")
-    try:
-        server.wait_ready()
+    with running(cfg, tmp_path_factory.mktemp("fcfs-server") / "fcfs.log") as server:
         yield server
-    finally:
-        server.stop()
-    assert not group_members(server.pgid), f"processes left after stopping the server: {group_members(server.pgid)}"

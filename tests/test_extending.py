@@ -146,7 +146,9 @@ def test_the_recipes_count_and_name_files_that_exist():
     assert "Three files" in section("Add a policy")
     assert recipe_steps("Add a predictor") == ["predictors/NAME.py", "predictors/__init__.py", "predictors/live.py"]
     assert "Three files, four with a live twin" in section("Add a predictor")
-    for title in ("Add a policy", "Add a predictor"):
+    assert recipe_steps("Add a KV victim rule") == ["policies/NAME.py", "policies/__init__.py",
+                                                    "tests/reference_sim.py"]
+    for title in ("Add a policy", "Add a predictor", "Add a KV victim rule"):
         for path in recipe_steps(title):
             assert (ROOT / path).parent.is_dir() and ("NAME" in path or (ROOT / path).is_file()), path
     named = {"POLICIES": "policies/__init__.py", "PREDICTORS": "predictors/__init__.py",
@@ -156,9 +158,12 @@ def test_the_recipes_count_and_name_files_that_exist():
              "static_estimates": "predictors/base.py", "learned": "predictors/base.py",
              "def unsupported": "simulator/compiled.py", "why_not": "policies/base.py",
              "scores_at_arrival": "predictors/base.py", "serves_router": "predictors/base.py", "learns_online": "predictors/base.py",
-             "observes_prefill": "predictors/base.py"}
+             "observes_prefill": "predictors/base.py", "victim_keys": "policies/base.py",
+             "def victim_order": "policies/selection.py", "RUN_METRICS": "simulator/run_metrics.py",
+             "class RunMetric": "simulator/run_metrics.py", "def request_latencies": "core/latency.py",
+             "class RunResult": "simulator/engine.py"}
     for symbol, path in named.items():
-        assert symbol.removeprefix("def ") in DOC.read_text(), symbol
+        assert symbol.split()[-1] in DOC.read_text(), symbol
         assert symbol in (ROOT / path).read_text(), f"{symbol} is no longer in {path}"
 
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from vllm_server import HAVE, MODEL, SKIP_REASON, Server, group_members
+from vllm_server import HAVE, MODEL, SKIP_REASON, Server, group_members, running
 
 from core.patience import scaled
 from live.config import LiveSchedulerConfig
@@ -112,13 +112,8 @@ def run(coro_fn, server: Server, timeout_s: float = 300.0):
 def server(tmp_path_factory, readout_path):
     cfg = LiveSchedulerConfig(policy="countdown", predictor="leap-rls", max_resident=16, decode_slots=4, wait_cap=16,
                               readout=str(readout_path), update_every=8)
-    s = Server(cfg, tmp_path_factory.mktemp("faults") / "shared.log")
-    try:
-        s.wait_ready()
+    with running(cfg, tmp_path_factory.mktemp("faults") / "shared.log") as s:
         yield s
-    finally:
-        s.stop()
-        assert not group_members(s.pgid), f"processes left after stopping the server: {group_members(s.pgid)}"
 
 
 def test_disconnects_and_timeouts_leave_no_scheduler_state(server):
@@ -185,9 +180,7 @@ def engine_core_pid(server: Server) -> int:
 
 def test_kill_9_of_the_engine_core_answers_every_client_and_ends_the_server(tmp_path):
     cfg = LiveSchedulerConfig(policy="countdown", predictor="oracle", max_resident=8, decode_slots=2, wait_cap=0)
-    server = Server(cfg, tmp_path / "killed.log")
-    try:
-        server.wait_ready()
+    with running(cfg, tmp_path / "killed.log") as server:
         answered: dict[str, float] = {}
 
         async def load(client):
@@ -216,9 +209,6 @@ def test_kill_9_of_the_engine_core_answers_every_client_and_ends_the_server(tmp_
         server.proc.wait(timeout=scaled(60))
         print(f"kill -9: clients answered within {max(answered.values()) - killed:.2f} s, server exited "
               f"({server.proc.returncode}) {time.monotonic() - killed:.1f} s after; {sorted(answered)}")
-    finally:
-        server.stop()
-    assert not group_members(server.pgid), group_members(server.pgid)
 
 
 
@@ -226,11 +216,9 @@ def sigterm_under_load(tmp_path, shutdown_timeout: int, tokens: int) -> tuple[di
     """SIGTERM to the API server while 4 streaming and 4 non-streaming requests run (all decoding):
     each client's outcome (``finished`` or what it saw) and the seconds from the signal to the exit."""
     cfg = LiveSchedulerConfig(policy="countdown", predictor="oracle", max_resident=8, decode_slots=8, wait_cap=0)
-    server = Server(cfg, tmp_path / f"sigterm-{shutdown_timeout}.log", ("--shutdown-timeout", str(shutdown_timeout)))
     outcome: dict[str, str] = {}
-    try:
-        server.wait_ready()
-
+    with running(cfg, tmp_path / f"sigterm-{shutdown_timeout}.log", ("--shutdown-timeout", str(shutdown_timeout))) \
+            as server:
         async def load(client):
             async def one(i: int, streaming: bool):
                 try:
@@ -249,9 +237,6 @@ def sigterm_under_load(tmp_path, shutdown_timeout: int, tokens: int) -> tuple[di
         signalled = run(load, server, timeout_s=45.0)
         server.proc.wait(timeout=scaled(120))
         exited = time.monotonic() - signalled
-    finally:
-        server.stop()
-    assert not group_members(server.pgid), group_members(server.pgid)
     print(f"SIGTERM, --shutdown-timeout {shutdown_timeout}: exit {server.proc.returncode} {exited:.1f} s after; "
           f"{json.dumps(outcome, sort_keys=True)}")
     return outcome, exited

@@ -1,10 +1,12 @@
 """A real ``vllm serve`` for tests (tests/test_serve_plugin.py, tests/test_serve_client.py): the plugin's
 command (``leap_sched.vllm.command``) on 127.0.0.1 and a free port, in its own process group, its
-output in a log file; ``server_factory`` (tests/conftest.py) stops every server it started and
-checks that no process of its group is left."""
+output in a log file. Every test server is stopped the one way: :meth:`Server.stop` then
+:func:`assert_gone` (no process of its group left), through :func:`running` (one server for a
+``with`` block) or ``server_factory`` (tests/conftest.py: the servers a test started)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -15,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,6 +134,25 @@ class Server:
             if time.monotonic() > deadline:
                 raise AssertionError(f"no log line matches {pattern!r}:\n{self.tail()}")
             time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def running(cfg: LiveSchedulerConfig, log: Path, extra: tuple[str, ...] = ()) -> Iterator[Server]:
+    """One server, ready (``/health`` answered), for a ``with`` block; stopped on leaving it, and on a
+    normal exit checked by :func:`assert_gone`."""
+    server = Server(cfg, log, extra)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+    assert_gone(server)
+
+
+def assert_gone(server: Server) -> None:
+    """No process of the stopped ``server``'s group is left."""
+    left = group_members(server.pgid)
+    assert not left, f"processes left after stopping the server: {left}"
 
 
 def free_port() -> int:
