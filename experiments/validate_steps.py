@@ -102,6 +102,14 @@ def compare_steps(trace: Trace, result: RunResult) -> dict:
         out["preemptions_live"], out["preemptions_sim"] = int(live_pre.sum()), int(sim_pre.sum())
         for m, i in zip(out["finish_step_mismatches"], bad.tolist()):
             m["live_preemptions"], m["sim_preemptions"] = int(live_pre[i]), int(sim_pre[i])
+    if "cached_tokens" in trace.table.column_names:   # vLLM's prefix caching on: each request's hit, vLLM's own
+        live_hit = trace.table.column("cached_tokens").to_numpy(zero_copy_only=False).astype(np.int64)
+        sim_hit = (np.zeros(len(ids), dtype=np.int64) if result.cached_tokens is None
+                   else np.asarray(result.cached_tokens, dtype=np.int64)[order])
+        out["cached_tokens_match_share"] = float(np.mean(live_hit == sim_hit)) if len(ids) else 1.0
+        out["cached_tokens_live"], out["cached_tokens_sim"] = int(live_hit.sum()), int(sim_hit.sum())
+        for m, i in zip(out["finish_step_mismatches"], bad.tolist()):
+            m["live_cached_tokens"], m["sim_cached_tokens"] = int(live_hit[i]), int(sim_hit[i])
     if "replica" in trace.table.column_names:   # a live fleet: the replica each request was routed to
         live_replica = trace.table.column("replica").to_numpy(zero_copy_only=False).astype(np.int64)
         sim_replica = np.asarray(result.replica)[order]

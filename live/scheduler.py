@@ -56,6 +56,7 @@ class _ReqState:
     feature: np.ndarray | None = None      # standardised hook vector (leap-rls)
     predicted_at_step: int = -1
     scored: bool = False                   # arrival-stage score in (async predictors)
+    cached_tokens: int = -1                # prefix-cache hit at the first admission (vLLM's num_cached_tokens)
 
 
 @dataclass
@@ -106,7 +107,8 @@ class LeapScheduler(Scheduler):
         self._leap_stats = _Stats()
         self._leap_t_start = 0.0
         self._leap_finished: dict[str, list] = {"request_id": [], "finish_step": [], "output_tokens": [],
-                                                "first_predicted": [], "seq": [], "preemptions": []}
+                                                "first_predicted": [], "seq": [], "preemptions": [],
+                                                "cached_tokens": []}
 
     def _leap_read_config(self) -> LiveSchedulerConfig:
         """The live config from ``additional_config`` (the served plugin reads its own key)."""
@@ -151,6 +153,7 @@ class LeapScheduler(Scheduler):
             fin["first_predicted"].append(st.first_predicted)
             fin["seq"].append(st.seq)
             fin["preemptions"].append(int(request.num_preemptions))
+            fin["cached_tokens"].append(max(st.cached_tokens, 0))
             if request.status.name != "FINISHED_ABORTED":
                 self.leap_predictor.on_finished(st.feature, int(request.num_output_tokens))
         self.leap_channel.seen.discard(rid)
@@ -284,6 +287,8 @@ class LeapScheduler(Scheduler):
                 st.last_served = step
                 admitted += 1
                 unscored += not st.scored
+                if st.cached_tokens < 0:   # the first admission: the tokens vLLM found computed (its cache hit)
+                    st.cached_tokens = int(new.num_computed_tokens)
         for rid in getattr(out.scheduled_cached_reqs, "resumed_req_ids", ()) or ():
             st = self._leap_req.get(rid)
             if st is not None:
