@@ -168,16 +168,26 @@ def _replica_cell(row: dict) -> str:
     return f"{row['replica_match_share']:.1%} ({row['replicas']} x {row['router']})"
 
 
+def _share(row: dict, name: str) -> str:
+    """A bound cache's per-request agreement (preemptions; cached tokens with vLLM's prefix caching
+    on) and the live total; '-' where the run has no such column."""
+    if f"{name}_match_share" not in row:
+        return "-"
+    return f"{row[f'{name}_match_share']:.1%} ({row[f'{name}_live']})"
+
+
 def step_runs_section(rows: list[dict]) -> str:
     """Markdown table of step-clocked rows (``leap-validate`` without ``--json``)."""
     lines = ["## Step-clocked serving runs: finish step, live vs simulated\n",
              "| run | policy | predictor | load | requests | finish step equal | target | admit equal "
-             "| first token equal | first divergence step | replica equal (router) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| first token equal | first divergence step | replica equal (router) | preemptions equal "
+             "| cached tokens equal (live sum) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         first = r.get("first_divergence_step")
         lines.append(f"| {r['run']} | {r['policy']} | {r['predictor']} | {r['load']} | {r['requests']} | "
                      f"{r['finish_step_match_share']:.1%} | {r['finish_step_target']:.0%} | "
                      f"{r['admit_step_match_share']:.1%} | {r['first_token_step_match_share']:.1%} | "
-                     f"{'-' if first is None else first} | {_replica_cell(r)} |")
+                     f"{'-' if first is None else first} | {_replica_cell(r)} | {_share(r, 'preemptions')} | "
+                     f"{_share(r, 'cached_tokens')} |")
     return "\n".join(lines) + "\n"

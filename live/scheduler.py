@@ -37,6 +37,7 @@ import numpy as np
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from core.attributes import of_requests
+from core.prefix_hashes import token_block_hashes
 from live.config import CONFIG_KEY, LiveSchedulerConfig
 from live.kv_cache import running_order
 from live.predictors import make_live_predictor
@@ -108,7 +109,7 @@ class LeapScheduler(Scheduler):
         self._leap_t_start = 0.0
         self._leap_finished: dict[str, list] = {"request_id": [], "finish_step": [], "output_tokens": [],
                                                 "first_predicted": [], "seq": [], "preemptions": [],
-                                                "cached_tokens": []}
+                                                "cached_tokens": [], "output_hashes": []}
 
     def _leap_read_config(self) -> LiveSchedulerConfig:
         """The live config from ``additional_config`` (the served plugin reads its own key)."""
@@ -154,10 +155,21 @@ class LeapScheduler(Scheduler):
             fin["seq"].append(st.seq)
             fin["preemptions"].append(int(request.num_preemptions))
             fin["cached_tokens"].append(max(st.cached_tokens, 0))
+            fin["output_hashes"].append(self._leap_output_hashes(request))
             if request.status.name != "FINISHED_ABORTED":
                 self.leap_predictor.on_finished(st.feature, int(request.num_output_tokens))
         self.leap_channel.seen.discard(rid)
         return super()._free_request(request, delay_free_blocks)
+
+    def _leap_output_hashes(self, request) -> list[int] | None:
+        """With vLLM's prefix caching: the chained hashes of the request's full blocks past its
+        prompt's, over prompt + generated tokens (``core.prefix_hashes``: vLLM names a block by its
+        tokens, so a generated block may equal another request's prompt block); None without."""
+        cache = self.vllm_config.cache_config
+        if not cache.enable_prefix_caching:
+            return None
+        size = int(cache.block_size)
+        return token_block_hashes(list(request.all_token_ids), size)[request.num_prompt_tokens // size:]
 
     # ------------------------------------------------------------------ predictions
     def _take_predictions(self) -> None:

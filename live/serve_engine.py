@@ -191,7 +191,7 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
             if kv_cache.caches_prefixes(args):   # vLLM's hits, and the prompts' block hashes a replay names them by
                 hashes = {f.request.request_id: kv_cache.prompt_hashes(by_id[f.request.request_id].prompt_token_ids,
                                                                         args) for f in fins}
-                cache = (fleet_column(be, by_id, "cached_tokens"), hashes)
+                cache = (fleet_column(be, by_id, "cached_tokens"), hashes, fleet_column(be, by_id, "output_hashes"))
             store.write("gen", serve_table(fins, by_id, planned_of, store.run, shift, estimates, preempted, cache))
             stats["requests"] += len(fins)
             stats["generated_tokens"] += sum(f.output_tokens for f in fins)
