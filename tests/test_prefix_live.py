@@ -32,6 +32,7 @@ def _args(*argv: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     kv_cache.add_kv_flags(p)
     p.add_argument("--server")
+    p.add_argument("--router")
     return p.parse_args(list(argv))
 
 
@@ -174,3 +175,27 @@ def test_output_hashes_need_their_own_block_size():
     with pytest.raises(TraceError, match="give --block-size 4"):
         Simulation(_two_turns(True), np.zeros(2), policy=make_policy("fcfs"), predictor=Oracle(),
                    profile=UnitProfile(), config=config).run()
+
+
+def _fleet_args(*argv: str) -> argparse.Namespace:
+    args = _args(*argv)
+    args.replicas, args.clock, args.capacity, args.predictor = 2, "steps", "0.1", "none"
+    if args.router is None:
+        args.router = "precise-prefix"
+    return args
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--router", "precise-prefix"], "give --kv-blocks N with vLLM's prefix caching on"),
+    (["--router", "precise-prefix", "--kv-blocks", "40", "--prefix-caching", "off"], "prefix caching on"),
+    (["--router", "precise-prefix:lag=0.1", "--kv-blocks", "40"], "no settings (lag) live"),
+    (["--router", "kv-cost", "--kv-blocks", "40"], "only for precise-prefix"),
+])
+def test_a_live_fleet_refuses_what_it_cannot_read(argv, named):
+    """precise-prefix is the one cache-reading router whose class declares ``live_cache``; it needs
+    vLLM's cache on over bound blocks, and takes no lag (the fleet reads every replica at each routing)."""
+    from live.fleet import check_fleet_flags
+
+    with pytest.raises(CaptureError, match=named.replace("(", r"\(").replace(")", r"\)")):
+        check_fleet_flags(_fleet_args(*argv))
+    check_fleet_flags(_fleet_args("--router", "precise-prefix", "--kv-blocks", "40"))   # accepted
