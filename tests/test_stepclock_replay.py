@@ -31,7 +31,8 @@ FLEETS = sorted(p for p in (LIVE / "fleet").glob("*-r*-*.parquet") if not p.name
 RUNS = SINGLE + FLEETS
 #: step-clocked sets that must stay committed: policies that key on prompts, attained service and the clock
 HELD = ("alpaca40-steps-mlfq-1.3", "alpaca40-steps-slack-mlfq-1.3",
-        "sharegpt-turns60-steps-kv128-prefix-fcfs-1.3")   # multi-turn prompts, vLLM's prefix cache on
+        "sharegpt-turns60-steps-kv128-prefix-fcfs-1.3",   # multi-turn prompts, vLLM's prefix cache on
+        "sharegpt-turns60-steps-kv128-prefix-oracle-1.3")
 
 
 @pytest.mark.parametrize("runs", [SINGLE, FLEETS], ids=["single", "fleet"])
