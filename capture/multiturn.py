@@ -21,6 +21,8 @@ from collections.abc import Iterable, Iterator
 
 from .prompt_record import Prompt
 
+#: prompt sets whose prompts carry a history (a trace keeps only the user turn's text: replays re-read them)
+MULTI_TURN_SOURCES = ("sharegpt-turns",)
 MIN_TURNS = 3
 MAX_TURNS = 4
 GROUP = 5

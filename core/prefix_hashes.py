@@ -25,6 +25,10 @@ import pyarrow as pa
 from core.contract import TraceError
 
 COLUMN = "prefix_hashes"
+#: optional, beside it: the hashes of the request's full blocks past its prompt's, over prompt + generated
+#: tokens (a live run with vLLM's prefix caching records them: vLLM names a block by its tokens, and a
+#: generated block can equal another prompt's block)
+OUTPUT_COLUMN = "output_hashes"
 META_KEY = "prefix_block_size"
 MOONCAKE_BLOCK = 512   # tokens per block of Mooncake's hash_ids
 MASK = np.uint64((1 << 63) - 1)
@@ -102,6 +106,8 @@ def check_column(table: pa.Table, meta: dict, where: str) -> None:
     """The column's contract: list<int64> of non-negative hashes, at most ceil(prompt / native) per
     row, with ``prefix_block_size`` in the metadata. Raises :class:`TraceError` naming the row."""
     if COLUMN not in table.column_names:
+        if OUTPUT_COLUMN in table.column_names:
+            raise TraceError(f"{where}: column {OUTPUT_COLUMN} continues {COLUMN}, which the trace does not have")
         return
     native = meta.get(META_KEY)
     if isinstance(native, bool) or not isinstance(native, int) or native < 1:
@@ -118,6 +124,7 @@ def check_column(table: pa.Table, meta: dict, where: str) -> None:
     if (values < 0).any():
         row = int(np.searchsorted(offsets, int(np.flatnonzero(values < 0)[0]), side="right") - 1)
         raise TraceError(f"{where}: column {COLUMN}: row {row}: a negative hash")
+    _check_outputs(table, where)
     prompt = table.column("prompt_tokens").to_numpy().astype(np.int64)
     over = np.diff(offsets) > -(-prompt // native)
     if over.any():
@@ -133,6 +140,21 @@ def native_chains(trace) -> tuple[np.ndarray, np.ndarray, int] | None:
     col = trace.table.column(COLUMN).combine_chunks()
     return (col.offsets.to_numpy().astype(np.int64) - int(col.offsets[0].as_py()),
             col.flatten().to_numpy().astype(np.int64), int(trace.metadata[META_KEY]))
+
+
+def output_chains(trace) -> tuple[np.ndarray, np.ndarray] | None:
+    """(offsets, hashes) of a trace's ``output_hashes`` column in its row order, or None."""
+    if OUTPUT_COLUMN not in trace.table.column_names:
+        return None
+    col = trace.table.column(OUTPUT_COLUMN).combine_chunks()
+    return (col.offsets.to_numpy().astype(np.int64) - int(col.offsets[0].as_py()),
+            col.flatten().to_numpy().astype(np.int64))
+
+
+def output_keys(hashes: np.ndarray, native: int) -> np.ndarray:
+    """The keys of the blocks ``output_hashes`` name, at their own block size (as :func:`block_keys`
+    names a prompt's blocks at ``--block-size`` = native, so that equal tokens give equal keys)."""
+    return block_keys(hashes, native, native, len(hashes) * native)
 
 
 def check_block_size(native: int, size: int, what: str) -> None:
@@ -159,3 +181,20 @@ def own_keys(row: int, start: int, stop: int) -> np.ndarray:
     """Keys of blocks ``start..stop-1`` that only request ``row`` has."""
     seed = mix(np.asarray([row], dtype=np.uint64) ^ _OWN_SALT)
     return chain(np.repeat(seed, max(stop - start, 0)), np.arange(start, max(stop, start), dtype=np.uint64))
+
+
+def _check_outputs(table: pa.Table, where: str) -> None:
+    """``output_hashes`` (beside ``prefix_hashes``): list<int64> of non-negative hashes, no nulls."""
+    if OUTPUT_COLUMN not in table.column_names:
+        return
+    dtype = table.schema.field(OUTPUT_COLUMN).type
+    if not (pa.types.is_list(dtype) or pa.types.is_large_list(dtype)) or not pa.types.is_integer(dtype.value_type):
+        raise TraceError(f"{where}: column {OUTPUT_COLUMN}: expected list<int64>, found {dtype}")
+    col = table.column(OUTPUT_COLUMN).combine_chunks()
+    if col.null_count:
+        row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        raise TraceError(f"{where}: column {OUTPUT_COLUMN}: row {row}: null (an empty list names no blocks)")
+    offsets, values = col.offsets.to_numpy().astype(np.int64), col.flatten().to_numpy().astype(np.int64)
+    if (values < 0).any():
+        row = int(np.searchsorted(offsets, int(np.flatnonzero(values < 0)[0]), side="right") - 1)
+        raise TraceError(f"{where}: column {OUTPUT_COLUMN}: row {row}: a negative hash")

@@ -102,6 +102,14 @@ def compare_steps(trace: Trace, result: RunResult) -> dict:
         out["preemptions_live"], out["preemptions_sim"] = int(live_pre.sum()), int(sim_pre.sum())
         for m, i in zip(out["finish_step_mismatches"], bad.tolist()):
             m["live_preemptions"], m["sim_preemptions"] = int(live_pre[i]), int(sim_pre[i])
+    if "cached_tokens" in trace.table.column_names:   # vLLM's prefix caching on: each request's hit, vLLM's own
+        live_hit = trace.table.column("cached_tokens").to_numpy(zero_copy_only=False).astype(np.int64)
+        sim_hit = (np.zeros(len(ids), dtype=np.int64) if result.cached_tokens is None
+                   else np.asarray(result.cached_tokens, dtype=np.int64)[order])
+        out["cached_tokens_match_share"] = float(np.mean(live_hit == sim_hit)) if len(ids) else 1.0
+        out["cached_tokens_live"], out["cached_tokens_sim"] = int(live_hit.sum()), int(sim_hit.sum())
+        for m, i in zip(out["finish_step_mismatches"], bad.tolist()):
+            m["live_cached_tokens"], m["sim_cached_tokens"] = int(live_hit[i]), int(sim_hit[i])
     if "replica" in trace.table.column_names:   # a live fleet: the replica each request was routed to
         live_replica = trace.table.column("replica").to_numpy(zero_copy_only=False).astype(np.int64)
         sim_replica = np.asarray(result.replica)[order]
@@ -160,16 +168,26 @@ def _replica_cell(row: dict) -> str:
     return f"{row['replica_match_share']:.1%} ({row['replicas']} x {row['router']})"
 
 
+def _share(row: dict, name: str) -> str:
+    """A bound cache's per-request agreement (preemptions; cached tokens with vLLM's prefix caching
+    on) and the live total; '-' where the run has no such column."""
+    if f"{name}_match_share" not in row:
+        return "-"
+    return f"{row[f'{name}_match_share']:.1%} ({row[f'{name}_live']})"
+
+
 def step_runs_section(rows: list[dict]) -> str:
     """Markdown table of step-clocked rows (``leap-validate`` without ``--json``)."""
     lines = ["## Step-clocked serving runs: finish step, live vs simulated\n",
              "| run | policy | predictor | load | requests | finish step equal | target | admit equal "
-             "| first token equal | first divergence step | replica equal (router) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| first token equal | first divergence step | replica equal (router) | preemptions equal "
+             "| cached tokens equal (live sum) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         first = r.get("first_divergence_step")
         lines.append(f"| {r['run']} | {r['policy']} | {r['predictor']} | {r['load']} | {r['requests']} | "
                      f"{r['finish_step_match_share']:.1%} | {r['finish_step_target']:.0%} | "
                      f"{r['admit_step_match_share']:.1%} | {r['first_token_step_match_share']:.1%} | "
-                     f"{'-' if first is None else first} | {_replica_cell(r)} |")
+                     f"{'-' if first is None else first} | {_replica_cell(r)} | {_share(r, 'preemptions')} | "
+                     f"{_share(r, 'cached_tokens')} |")
     return "\n".join(lines) + "\n"

@@ -50,8 +50,8 @@ def check_fleet_flags(args) -> None:
         raise CaptureError(str(e)) from None
     name = router.partition(":")[0]
     if ROUTERS[name].reads in ("prefix", "cache"):
-        raise CaptureError(f"--router {router}: the cache-aware routers read the simulator's prefix caches "
-                           "and block keys, which a live fleet does not report yet")
+        from live.fleet_cache import check_live_cache_router
+        check_live_cache_router(args, ROUTERS[name])
     if ROUTERS[name].reads == "predicted_work" and PREDICTORS[args.predictor].live_router_estimate() is None:
         able = ", ".join(n for n, c in PREDICTORS.items() if c.live and c.live_router_estimate() is not None)
         raise CaptureError(f"--router {router} --predictor {args.predictor}: a live fleet routes before any engine "
@@ -108,16 +108,22 @@ class LiveFleet:
         self.accounting = ReplicaAccounting(len(self.replicas))
 
     # --- what the router reads -------------------------------------------------------------------
-    def _view(self):
+    def _view(self, req=None):
         """The router's view (routers/snapshot.py, as the simulated fleet's): each replica's
-        counters recounted from its engine at the routing instant, only what the router reads."""
+        counters recounted from its engine at the routing instant, only what the router reads; a
+        cache-reading router also each replica's vLLM prefix-cache hit of ``req`` (live/fleet_cache.py)."""
         reads = self.router.reads
         for r in self.replicas:
             running = sum(1 for st in r.live.values() if st["n"] > 0)
             work = self._work(r, predicted=reads == "predicted_work") if reads in ("predicted_work", "true_work") \
                 else None
             self.accounting.set_replica(r.index, len(r.live), running, work)
-        return self.accounting.view(reads)
+        view = self.accounting.view(reads)
+        if reads == "cache" and req is not None:
+            from live.fleet_cache import with_hits
+            size = int(_scheduler(self.replicas[0].backend.engine).cache_config.block_size)
+            view = with_hits(view, self.engines, list(req.prompt_token_ids), size)
+        return view
 
     def _work(self, r: ReplicaState, predicted: bool) -> WorkSum:
         """A replica's outstanding work (docs/semantics.md "Fleets"): the estimate is the true length,
@@ -187,7 +193,7 @@ class LiveFleet:
                 r.backend._give_tick(tick)
             while pending and pending[0][1][0] <= tick:
                 row, (step, req, params) = pending.popleft()
-                index = int(self.router.choose(row, self._view()))
+                index = int(self.router.choose(row, self._view(req)))
                 if not 0 <= index < len(self.replicas):
                     raise RuntimeError(f"router {self.router.name!r} chose replica {index}")
                 r = self.replicas[index]

@@ -7,6 +7,15 @@ block makes vLLM preempt by recompute, as the simulator's ``--kv-blocks`` does (
 queue in :func:`policies.selection.victim_order` (:func:`running_order`), the simulator's own rule.
 Everything here is per engine: each engine of a fleet takes the same flags and records its own
 requests' ``preemptions``.
+
+With the bound cache vLLM's prefix caching is on by default (``--prefix-caching on|off``), as in vLLM
+and as the simulator's default wherever KV blocks are modelled (docs/semantics.md "Prefix caching"):
+vLLM's own block pool, of exactly those N blocks, decides every hit. The run records per request
+``cached_tokens`` (vLLM's hit at the request's first admission, its ``num_cached_tokens``) and
+``prefix_hashes``: the prompt's full blocks of B tokens hashed in a chain from its token ids
+(:func:`core.prefix_hashes.token_block_hashes`, metadata ``prefix_block_size`` = B), so that a replay
+names the same blocks vLLM named. Without ``--kv-blocks`` the engine's cache is not modelled by the
+simulator and caching stays off (``--prefix-caching on`` is refused).
 """
 
 from __future__ import annotations
@@ -26,6 +35,9 @@ def add_kv_flags(p) -> None:
     p.add_argument("--kv-block-size", type=int, metavar="B",
                    help=f"tokens per KV block with --kv-blocks (a multiple of {CPU_BLOCK_MULTIPLE}; "
                         f"default {DEFAULT_BLOCK_SIZE})")
+    p.add_argument("--prefix-caching", choices=("on", "off"),
+                   help="with --kv-blocks: vLLM's prefix caching over those blocks (default on, as vLLM and the "
+                        "simulator; records cached_tokens and prefix_hashes per request); off without --kv-blocks")
 
 
 def check_kv_flags(args) -> None:
@@ -33,6 +45,9 @@ def check_kv_flags(args) -> None:
     if args.kv_blocks is None:
         if args.kv_block_size is not None:
             raise CaptureError("--kv-block-size applies with --kv-blocks N only")
+        if getattr(args, "prefix_caching", None) == "on":
+            raise CaptureError("--prefix-caching on: needs --kv-blocks N (the simulator models the cache over "
+                               "those blocks; the engine's own cache is not replayed)")
         return
     if args.kv_blocks < 1:
         raise CaptureError(f"--kv-blocks {args.kv_blocks}: must be >= 1")
@@ -47,6 +62,20 @@ def check_kv_flags(args) -> None:
 
 def block_size(args) -> int:
     return DEFAULT_BLOCK_SIZE if args.kv_block_size is None else int(args.kv_block_size)
+
+
+def caches_prefixes(args) -> bool:
+    """Whether vLLM's prefix caching is on: with --kv-blocks unless --prefix-caching off."""
+    return args.kv_blocks is not None and getattr(args, "prefix_caching", None) != "off"
+
+
+def prompt_hashes(token_ids, args) -> list[int] | None:
+    """The prompt's chained hashes of its full blocks of the engine's block size, with the cache on."""
+    if not caches_prefixes(args):
+        return None
+    from core.prefix_hashes import token_block_hashes
+
+    return token_block_hashes(token_ids, block_size(args))
 
 
 def check_kv_requests(reqs, args) -> None:
@@ -68,14 +97,16 @@ def engine_args(args, max_model_len: int) -> dict:
         return {}
     size = block_size(args)
     return {"num_gpu_blocks_override": int(args.kv_blocks) + 1, "block_size": size,
-            "max_model_len": min(max_model_len, int(args.kv_blocks) * size)}
+            "max_model_len": min(max_model_len, int(args.kv_blocks) * size),
+            "enable_prefix_caching": caches_prefixes(args)}
 
 
 def serving_fields(args) -> dict:
     """The serving metadata a replay reads (``simulate --preset recorded``): the bound, if any."""
     if args.kv_blocks is None:
         return {}
-    return {"kv_blocks_bound": int(args.kv_blocks), "kv_block_size": block_size(args)}
+    return {"kv_blocks_bound": int(args.kv_blocks), "kv_block_size": block_size(args),
+            "prefix_caching": caches_prefixes(args)}
 
 
 def check_engine_blocks(reported: int | None, args) -> None:

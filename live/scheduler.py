@@ -37,6 +37,7 @@ import numpy as np
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from core.attributes import of_requests
+from core.prefix_hashes import token_block_hashes
 from live.config import CONFIG_KEY, LiveSchedulerConfig
 from live.kv_cache import running_order
 from live.predictors import make_live_predictor
@@ -56,6 +57,7 @@ class _ReqState:
     feature: np.ndarray | None = None      # standardised hook vector (leap-rls)
     predicted_at_step: int = -1
     scored: bool = False                   # arrival-stage score in (async predictors)
+    cached_tokens: int = -1                # prefix-cache hit at the first admission (vLLM's num_cached_tokens)
 
 
 @dataclass
@@ -106,7 +108,8 @@ class LeapScheduler(Scheduler):
         self._leap_stats = _Stats()
         self._leap_t_start = 0.0
         self._leap_finished: dict[str, list] = {"request_id": [], "finish_step": [], "output_tokens": [],
-                                                "first_predicted": [], "seq": [], "preemptions": []}
+                                                "first_predicted": [], "seq": [], "preemptions": [],
+                                                "cached_tokens": [], "output_hashes": []}
 
     def _leap_read_config(self) -> LiveSchedulerConfig:
         """The live config from ``additional_config`` (the served plugin reads its own key)."""
@@ -151,10 +154,22 @@ class LeapScheduler(Scheduler):
             fin["first_predicted"].append(st.first_predicted)
             fin["seq"].append(st.seq)
             fin["preemptions"].append(int(request.num_preemptions))
+            fin["cached_tokens"].append(max(st.cached_tokens, 0))
+            fin["output_hashes"].append(self._leap_output_hashes(request))
             if request.status.name != "FINISHED_ABORTED":
                 self.leap_predictor.on_finished(st.feature, int(request.num_output_tokens))
         self.leap_channel.seen.discard(rid)
         return super()._free_request(request, delay_free_blocks)
+
+    def _leap_output_hashes(self, request) -> list[int] | None:
+        """With vLLM's prefix caching: the chained hashes of the request's full blocks past its
+        prompt's, over prompt + generated tokens (``core.prefix_hashes``: vLLM names a block by its
+        tokens, so a generated block may equal another request's prompt block); None without."""
+        cache = self.vllm_config.cache_config
+        if not cache.enable_prefix_caching:
+            return None
+        size = int(cache.block_size)
+        return token_block_hashes(list(request.all_token_ids), size)[request.num_prompt_tokens // size:]
 
     # ------------------------------------------------------------------ predictions
     def _take_predictions(self) -> None:
@@ -284,6 +299,8 @@ class LeapScheduler(Scheduler):
                 st.last_served = step
                 admitted += 1
                 unscored += not st.scored
+                if st.cached_tokens < 0:   # the first admission: the tokens vLLM found computed (its cache hit)
+                    st.cached_tokens = int(new.num_computed_tokens)
         for rid in getattr(out.scheduled_cached_reqs, "resumed_req_ids", ()) or ():
             st = self._leap_req.get(rid)
             if st is not None:

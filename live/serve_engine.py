@@ -187,7 +187,12 @@ def _serve_run(args, be, store, out, run_config, reqs, planned, params_for, serv
         def on_finished(fins):
             estimates = fleet_estimates(be, by_id)
             preempted = fleet_column(be, by_id, "preemptions") if args.kv_blocks is not None else None
-            store.write("gen", serve_table(fins, by_id, planned_of, store.run, shift, estimates, preempted))
+            cache = None
+            if kv_cache.caches_prefixes(args):   # vLLM's hits, and the prompts' block hashes a replay names them by
+                hashes = {f.request.request_id: kv_cache.prompt_hashes(by_id[f.request.request_id].prompt_token_ids,
+                                                                        args) for f in fins}
+                cache = (fleet_column(be, by_id, "cached_tokens"), hashes, fleet_column(be, by_id, "output_hashes"))
+            store.write("gen", serve_table(fins, by_id, planned_of, store.run, shift, estimates, preempted, cache))
             stats["requests"] += len(fins)
             stats["generated_tokens"] += sum(f.output_tokens for f in fins)
             write_json(store.dir / f"run-{store.run:03d}.json", stats)
@@ -289,5 +294,6 @@ def trace_meta(args, run_config, reqs, serving, src, cfg, model_dir, template, t
         "planned_requests": len(reqs),
         "serving": serving,
         "text_encoder": None,
+        **({"prefix_block_size": kv_cache.block_size(args)} if kv_cache.caches_prefixes(args) else {}),
     }
 

@@ -62,11 +62,13 @@ def read_sched_parts(store):
 
 
 def serve_table(fins, by_id, planned_of, run: int, shift: float, estimates: dict | None = None,
-                preemptions: dict | None = None):
+                preemptions: dict | None = None, cache: tuple[dict, dict, dict] | None = None):
     """Request rows of a serving run (the trace contract plus planned_arrival_s, run,
     source_output_tokens, predicted_tokens: the live scheduler's first length estimate, null
     without one, and the step columns; planned_arrival_s is null under the step clock). With a
-    bound KV cache (``preemptions`` given, ``live/kv_cache.py``): ``preemptions`` per request."""
+    bound KV cache (``preemptions`` given, ``live/kv_cache.py``): ``preemptions`` per request; with
+    vLLM's prefix caching on (``cache`` = (cached tokens, prompt hashes, hashes of the blocks past
+    the prompt's) by request id): ``cached_tokens``, ``prefix_hashes`` and ``output_hashes``."""
     estimates = estimates or {}
     import pyarrow as pa
 
@@ -95,6 +97,14 @@ def serve_table(fins, by_id, planned_of, run: int, shift: float, estimates: dict
         types["preemptions"] = pa.int32()
         for row in rows:
             row["preemptions"] = preemptions.get(row["request_id"], 0)
+    if cache is not None:
+        cached, hashes, outputs = cache
+        types["cached_tokens"], types["prefix_hashes"] = pa.int32(), pa.list_(pa.int64())
+        types["output_hashes"] = pa.list_(pa.int64())
+        for row in rows:
+            row["cached_tokens"] = cached.get(row["request_id"], 0)
+            row["prefix_hashes"] = hashes[row["request_id"]]
+            row["output_hashes"] = outputs.get(row["request_id"]) or []
     if any("replica" in (f.step_marks or {}) for f in fins):   # a live fleet (live.fleet)
         for row, f in zip(rows, fins):
             row["replica"] = f.step_marks["replica"]

@@ -58,8 +58,9 @@ def _source_prompts(meta: dict, table, ids, tok, log) -> tuple[dict[str, list[in
             texts[r] = by_id[r]
     out: dict[str, list[int]] = {}
     recorded = table.column("prompt_tokens").to_pylist()
+    histories = _histories(meta, ids)
     for rid in ids:
-        got = tok.apply_chat_template([{"role": "user", "content": texts[rid]}],
+        got = tok.apply_chat_template(histories.get(rid) or [{"role": "user", "content": texts[rid]}],
                                       add_generation_prompt=True, tokenize=True, return_dict=False)
         got = list(got.tolist() if hasattr(got, "tolist") else got)
         if len(got) != recorded[pos[rid]]:
@@ -67,6 +68,20 @@ def _source_prompts(meta: dict, table, ids, tok, log) -> tuple[dict[str, list[in
                                f"recorded {recorded[pos[rid]]} (another model, template or prompt source?)")
         out[rid] = got
     return out, texts
+
+
+def _histories(meta: dict, ids) -> dict[str, list[dict]]:
+    """The chat messages (history, then the user turn) of requests from a multi-turn prompt set
+    (``capture.multiturn``): re-read from the prompt source, as the trace keeps the user turn only."""
+    from capture.multiturn import MULTI_TURN_SOURCES
+
+    sources = meta.get("prompt_sources") or (meta.get("run_config") or {}).get("prompt_sources") or []
+    if not any(str(s).split("@")[0] in MULTI_TURN_SOURCES for s in sources):
+        return {}
+    from capture.prompts import load_prompts
+
+    by_id = {p.request_id: p.messages() for p in load_prompts(list(sources))}
+    return {rid: by_id[rid] for rid in ids if rid in by_id}
 
 
 def kv_blocks_estimate(cfg: dict, dtype: str, kv_space_gib: int, block_size: int = 128) -> int:

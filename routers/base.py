@@ -59,6 +59,7 @@ class Router(ABC):
     stages: ClassVar[tuple[Stage, ...]] = ("arrival", "decode")
     needs_kv: ClassVar[bool] = False       # reads KV blocks: refused on a run without --kv-blocks
     needs_cache: ClassVar[bool] = False    # reads replicas' prefix caches: refused without one
+    live_cache: ClassVar[bool] = False     # a live fleet fills what it reads of the caches (live/fleet_cache.py)
     lag: float = 0.0                       # seconds the replicas' counters may lag ("prefix"/"cache" reads)
     # its compiled form: a function of routers/rules.py the compiled fleet loop compiles in (None: it
     # routes in Python on the compiled kernel too)

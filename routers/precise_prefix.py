@@ -14,6 +14,7 @@ class PrecisePrefix(Router):
     reads = "cache"
     stages = ("arrival",)   # reads what only an arrival fleet's view holds (prompt keys, caches)
     needs_kv = needs_cache = True
+    live_cache = True   # a live fleet reads each replica's vLLM cache (live/fleet_cache.py)
 
     def configure(self, args: str) -> None:
         self.lag = known_settings(self.name, args, {"lag": 0.0})["lag"]

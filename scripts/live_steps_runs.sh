@@ -15,6 +15,10 @@
 #   KV_BLOCKS=88 N=40 CAPACITY_FROM=traces/live/alpaca200-steps-capacity.json WORKLOADS=alpaca \
 #       bash scripts/live_steps_runs.sh fcfs-1.3 oracle-1.3 leap-1.3   # a KV cache of 88 blocks of
 #       # KV_BLOCK_SIZE (32) tokens, small enough to preempt: alpaca40-steps-kv88-*.parquet
+#   PREFIX_CACHING=on KV_BLOCKS=128 N=60 CAPACITY_FROM=traces/live/alpaca200-steps-capacity.json \
+#       WORKLOADS=sharegpt-turns bash scripts/live_steps_runs.sh fcfs-1.3 oracle-1.3   # vLLM's prefix
+#       # caching on over those blocks (leap-serve --prefix-caching): sharegpt-turns60-steps-kv128-prefix-*
+#       # (without PREFIX_CACHING the bound cache runs with caching off, as the kv88 runs were recorded)
 #   nohup setsid bash scripts/live_steps_runs.sh > /tmp/steps.log 2>&1 &
 #   CPU=0 WORKLOADS=lmsys nohup setsid bash scripts/live_steps_runs.sh > /tmp/steps0.log 2>&1 &
 #
@@ -26,9 +30,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/live_env.sh"
 OUTDIR="${OUTDIR:-traces/live}"
 WORKLOADS="${WORKLOADS:-alpaca lmsys}"
 KV=()                                  # KV_BLOCKS=N: a bound KV cache (live/kv_cache.py), runs named -kvN-
-[ -n "${KV_BLOCKS:-}" ] && KV=(--kv-blocks "$KV_BLOCKS" --kv-block-size "${KV_BLOCK_SIZE:-32}" --kv-space-gib 1)
+[ -n "${KV_BLOCKS:-}" ] && KV=(--kv-blocks "$KV_BLOCKS" --kv-block-size "${KV_BLOCK_SIZE:-32}" --kv-space-gib 1
+                               --prefix-caching "${PREFIX_CACHING:-off}")
+PC=""; [ "${PREFIX_CACHING:-off}" = on ] && PC="-prefix"   # runs with vLLM's prefix caching: -kvN-prefix-
 
-declare -A READOUT_TRAIN=([alpaca]=lmsys [lmsys]=alpaca)
+declare -A READOUT_TRAIN=([alpaca]=lmsys [lmsys]=alpaca [sharegpt-turns]=lmsys)
 # name -> policy predictor load
 declare -A RUNS=(
   [fcfs-1.3]="fcfs none 1.3" [leap-1.3]="countdown leap 1.3"
@@ -45,7 +51,7 @@ for name in ${ORDER[@]+"${ORDER[@]}"}; do
 done
 
 for wl in $WORKLOADS; do
-  [ -n "${READOUT_TRAIN[$wl]:-}" ] || { echo "unknown workload $wl (alpaca or lmsys)" >&2; exit 2; }
+  [ -n "${READOUT_TRAIN[$wl]:-}" ] || { echo "unknown workload $wl (alpaca, lmsys or sharegpt-turns)" >&2; exit 2; }
   COMMON=(--from "traces/$wl.parquet" --requests "$N" --force-lengths --max-length "$MAXLEN"
           --max-resident 64 --decode-slots 16 --wait-cap 128 --threads "$CPU" --seed 0 --clock steps)
   readout="$OUTDIR/leap_readout_${READOUT_TRAIN[$wl]}.npz"
@@ -64,7 +70,7 @@ for wl in $WORKLOADS; do
 
   for name in ${ORDER[@]+"${ORDER[@]}"}; do
     read -r policy predictor load <<<"${RUNS[$name]}"
-    out="$OUTDIR/$wl$N-steps${KV_BLOCKS:+-kv$KV_BLOCKS}-$name.parquet"
+    out="$OUTDIR/$wl$N-steps${KV_BLOCKS:+-kv$KV_BLOCKS$PC}-$name.parquet"
     if [ -f "$out" ] && [ ! -d "$out.parts" ]; then echo "== $name: done ($out)"; continue; fi
     extra=()
     case "$predictor" in leap|leap-rls) extra=(--readout "$readout");; esac

@@ -7,8 +7,10 @@ request's blocks enter the queue tail-first: its unnamed blocks at the head (reu
 named ones at the tail (LRU). Admission looks up the fill's full blocks from the first and stops at
 the first miss, taking at most ``(fill - 1) // B`` blocks (vLLM computes at least the last token);
 the hit blocks are shared (reference counts), and the request needs free blocks for the rest plus
-the hit blocks that were free. A fill's full blocks are named at admission; a generated token's full
-blocks when the request frees them (at its finish or preemption).
+the hit blocks that were free. A fill's full blocks are named at admission, a decode's when the step
+that computes its last token schedules it (vLLM's ``allocate_slots``), and what is left when the
+request frees them (at its finish or preemption). Blocks past the prompt's are the request's own,
+unless the trace's ``output_hashes`` name them by their tokens (a live run's: vLLM's names).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from core.prefix_hashes import block_keys, check_block_size, own_keys
+from core.contract import TraceError
+from core.prefix_hashes import OUTPUT_COLUMN, block_keys, check_block_size, output_keys, own_keys
 from simulator.kv_blocks import KVBlocks
 from simulator.requests import RequestTable
 
@@ -28,8 +31,12 @@ class BlockKeys:
 
     def __init__(self, table: RequestTable, size: int):
         self.prompt, self.size, self.chains, self.table = table.prompt, size, table.prefix_chains, table
+        self.outputs = table.output_chains
         if self.chains is not None:
             check_block_size(self.chains[2], size, f"trace {table.trace_name!r}")
+            if self.outputs is not None and self.chains[2] != size:
+                raise TraceError(f"--block-size {size}: trace {table.trace_name!r} names the blocks past its prompts "
+                                 f"({OUTPUT_COLUMN}) at {self.chains[2]} tokens; give --block-size {self.chains[2]}")
 
     def of(self, row: int, count: int) -> list[int]:
         """The keys of the row's first ``count`` blocks."""
@@ -43,6 +50,10 @@ class BlockKeys:
         if self.chains is not None:
             offsets, hashes, native = self.chains
             named = block_keys(hashes[offsets[request]:offsets[request + 1]], native, self.size, prompt)[:count]
+            if self.outputs is not None and len(named) < count:   # the blocks past the prompt's, by their tokens
+                starts, values = self.outputs
+                more = output_keys(values[starts[request]:starts[request + 1]], native)
+                named = np.concatenate([named, more])[:count]
         if len(named) >= count:
             return named.tolist()
         return named.tolist() + own_keys(request, len(named), count).tolist()
@@ -169,6 +180,17 @@ class PrefixKVBlocks(KVBlocks):
         fill = self.table.fill
         for row in rows.tolist():
             self.seen[row] = len(self.lookup(row, int(fill[row]))) * self.size
+
+    def grow_decodes(self, chosen: np.ndarray, ordered) -> np.ndarray:
+        """:meth:`KVBlocks.grow_decodes`, then each decode still resident names its full blocks up to
+        the token it computes this step (prompt + generated), as vLLM does when it schedules it, so
+        that a request admitted later in the step may find them."""
+        gone = super().grow_decodes(chosen, ordered)
+        t = self.table
+        for row in chosen.tolist():
+            if not self.recompute[row]:
+                self._name(row, int(t.prompt[row] + t.generated[row]) // self.size)
+        return gone
 
     def _grant(self, rows: np.ndarray, need: np.ndarray) -> None:
         for row, count in zip(rows.tolist(), need.tolist(), strict=True):

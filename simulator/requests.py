@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from core.attributes import of_trace
-from core.prefix_hashes import native_chains
+from core.prefix_hashes import native_chains, output_chains
 from core.trace import Trace
 
 NOT_YET = np.nan
@@ -36,6 +36,7 @@ class RequestTable:
         self.attributes = of_trace(workload)                     # request attributes (core.attributes)
         self.trace_name = workload.name
         self.prefix_chains = native_chains(workload)             # prefix identity (core.prefix_hashes), or None
+        self.output_chains = output_chains(workload)             # and of the blocks past the prompt's, or None
         self.source_rows: np.ndarray | None = None               # a fleet replica's: its rows' workload rows
         # tokens the row's next prefill computes: its prompt, or after a preemption its prompt and
         # every token generated so far (recompute; docs/semantics.md "KV blocks")

@@ -78,6 +78,7 @@ def test_simulator_spares_a_forced_decode():
     (["--kv-blocks", "0"], "--kv-blocks 0"),
     (["--kv-blocks", "40", "--kv-block-size", "48"], "--kv-block-size 48"),
     (["--kv-block-size", "32"], "--kv-block-size"),
+    (["--prefix-caching", "on"], "--prefix-caching on"),   # the engine's own cache is not replayed
 ])
 def test_bad_kv_input_exits_2_before_the_engine(tmp_path, flags, named, monkeypatch, capsys):
     from capture import backend_vllm
@@ -122,3 +123,5 @@ def test_a_bound_cache_preempts_and_equals_the_simulation(tmp_path, policy, pred
     for name in ("admit_step", "first_token_step", "finish_step", "preemptions"):
         assert row[f"{name}_match_share"] == 1.0, (name, row)
     assert row["preemptions_live"] == row["preemptions_sim"]
+    assert trace.metadata["serving"]["prefix_caching"] is True   # vLLM's default with the bound cache
+    assert row["cached_tokens_match_share"] == 1.0, row

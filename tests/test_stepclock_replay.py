@@ -4,7 +4,9 @@ are covered without editing) is replayed by the simulator alone (no vLLM) and ev
 finish step must equal the live one: all of them for FCFS and oracle countdown, at least 99% for
 leap and leap-rls (their estimates come from the live engine's float hidden states); runs with a
 bound KV cache (``-kvN-``, ``leap-serve --kv-blocks``) hold each request's preemptions the same way,
-and every run its requests' admit and first-token steps to the same share. Among them are runs of
+runs with vLLM's prefix caching on (``-kvN-prefix-``, ``leap-serve --prefix-caching on``) each
+request's cached tokens (vLLM's hit at its first admission), and every run its requests' admit and
+first-token steps to the same share. Among them are runs of
 policies beyond countdown (``HELD``): prediction-free ``mlfq`` and the tail-keeping LEAP policy
 ``slack-mlfq`` on leap-rls, whose clock (its requests' deadlines) is the tick under the step clock.
 
@@ -28,7 +30,9 @@ SINGLE = sorted(p for p in LIVE.glob("*-steps-*.parquet") if not p.name.endswith
 FLEETS = sorted(p for p in (LIVE / "fleet").glob("*-r*-*.parquet") if not p.name.endswith(SIDE_TABLE_SUFFIXES))
 RUNS = SINGLE + FLEETS
 #: step-clocked sets that must stay committed: policies that key on prompts, attained service and the clock
-HELD = ("alpaca40-steps-mlfq-1.3", "alpaca40-steps-slack-mlfq-1.3")
+HELD = ("alpaca40-steps-mlfq-1.3", "alpaca40-steps-slack-mlfq-1.3",
+        "sharegpt-turns60-steps-kv128-prefix-fcfs-1.3",   # multi-turn prompts, vLLM's prefix cache on
+        "sharegpt-turns60-steps-kv128-prefix-oracle-1.3")
 
 
 @pytest.mark.parametrize("runs", [SINGLE, FLEETS], ids=["single", "fleet"])
@@ -57,6 +61,10 @@ def test_replay_finishes_every_request_at_the_live_step(path):
         assert row["preemptions_match_share"] >= target, (
             f"{path.name}: {row['preemptions_match_share']:.2%} of preemption counts equal (target {target:.0%}); "
             f"live {row['preemptions_live']}, simulated {row['preemptions_sim']}")
+    if "cached_tokens" in trace.table.column_names:   # vLLM's prefix caching on: every request's hit
+        assert row["cached_tokens_match_share"] >= target, (
+            f"{path.name}: {row['cached_tokens_match_share']:.2%} of cached-token counts equal (target {target:.0%}); "
+            f"live {row['cached_tokens_live']}, simulated {row['cached_tokens_sim']}")
     for field in ("admit_step", "first_token_step"):
         assert row[f"{field}_match_share"] >= target, (
             f"{path.name}: {row[f'{field}_match_share']:.2%} of {field}s equal (target {target:.0%}); "
