@@ -13,6 +13,7 @@ requests are routed to it, without the predictors' compiled stops (they index th
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 from types import SimpleNamespace
@@ -114,7 +115,8 @@ class CompiledFleet(FleetSimulation):
         """The kernel writes the table in place: only routings reach the accounting as they happen.
         ``rows`` rows (the fleet's first capacity), their arrivals +inf until routed."""
         rows = self.capacity if rows is None else rows
-        head = self.workload if rows == self.n else self.workload.take(np.arange(rows))
+        head = self.workload if rows == self.n else dataclasses.replace(   # a zero-copy slice: no feature rows
+            self.workload, table=self.workload.table.slice(0, rows), _feature_cache={})
         table = AccountedTable(head, np.full(rows, np.inf), self.accounting, index, events=False)
         if rows != self.n:   # prefix identity by workload row (table.source_rows), as a whole-workload table's
             if self.chains is None:

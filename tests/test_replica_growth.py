@@ -96,3 +96,20 @@ def test_a_replica_table_holds_its_share_not_the_workload():
     _assert_same(fleets, results)
     assert [r.parts.table.n for r in fleets[1].fleet] == [176] * 4
     assert [r.routed for r in fleets[1].fleet] == [100] * 4
+
+
+def test_a_tiled_trace_shares_the_traces_buffers():
+    """``tile_trace``'s whole copies are the trace's rows (features included), not copies of them:
+    1M requests of a trace with hidden states cost the ids and times, not a million feature rows."""
+    import pyarrow as pa
+
+    from core.trace import tile_trace
+
+    trace = load_trace("lmsys")
+    tiled = tile_trace(trace, 2 * len(trace) + 5)
+    rows = np.concatenate([np.arange(len(trace))] * 2 + [np.arange(5)])
+    for column in ("prompt_tokens", "output_tokens", "feat_last"):
+        assert tiled.table.column(column).equals(trace.table.take(pa.array(rows)).column(column))
+    chunk = tiled.table.column("feat_last").chunks[1]
+    first = trace.table.column("feat_last").chunks[0]
+    assert chunk.buffers()[-1].address == first.buffers()[-1].address   # the same memory
