@@ -350,7 +350,11 @@ def tile_trace(trace: Trace, requests: int, shuffle_seed: int | None = None) -> 
     else:
         rng = np.random.default_rng(shuffle_seed)
         rows = np.concatenate([rng.permutation(base) for _ in range(copies)])[:requests]
-    table = trace.table.take(pa.array(rows))
+    if shuffle_seed is None:   # whole copies share the trace's buffers (a million rows of features are not copied)
+        full, rest = divmod(requests, base)
+        table = pa.concat_tables([trace.table] * full + ([trace.table.slice(0, rest)] if rest else []))
+    else:
+        table = trace.table.take(pa.array(rows))
     suffix = pc.cast(pa.array(copy), pa.string())
     ids = pc.binary_join_element_wise(table.column("request_id"), suffix, "#")
     table = table.set_column(table.column_names.index("request_id"), "request_id", ids)

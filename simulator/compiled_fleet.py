@@ -13,6 +13,7 @@ requests are routed to it, without the predictors' compiled stops (they index th
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 from types import SimpleNamespace
@@ -20,6 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 import simpy
 
+from core.prefix_hashes import native_chains
 from predictors.base import Known
 from simulator.compiled import CHUNK_STEPS, CompiledRun, unsupported
 from simulator.engine import RunResult
@@ -27,6 +29,7 @@ from simulator.fleet import FleetSimulation, Replica
 from simulator.fleet_loop import loop_unsupported, prepare_loop, run_loop
 from simulator.fleet_rows import ReplicaRows
 from simulator.kernel_layout import AFTER_STEP, DONE_OR_CHUNK, NEEDS_EVENT, NEEDS_SCORES, PRED_STATIC, UNTIL
+from simulator.replica_growth import first_capacity, grow_replica, next_capacity
 from simulator.replica_table import AccountedTable
 from simulator.requests import RequestTable
 
@@ -59,7 +62,10 @@ class CompiledFleet(FleetSimulation):
         self._ran = True
         env = simpy.Environment()   # the replicas' drivers are built on it; nothing runs on it
         self._start()
+        self.capacity = self._first_capacity()
+        self.chains: tuple | None = None   # the workload's prefix chains, read once for every table
         self.fleet = [self._replica(i, env) for i in range(self.replicas)]
+        self.room = 0   # at most the fewest free rows of any replica's table (recounted when short)
         self.runs = [self._compiled(replica) for replica in self.fleet]
         static = self.runs[0].mode == PRED_STATIC
         self.fixed = (self.predictors[0].predict(np.arange(self.n), Known(arrived=0, finished=0)).astype(np.float64)
@@ -92,13 +98,56 @@ class CompiledFleet(FleetSimulation):
             for replica, run, moved in zip(self.fleet, self.runs, landed):
                 if moved:
                     self._recount(replica, run)
+            self.make_room(int(np.searchsorted(self.arrival, until, side="right")) - self.next_row)
             while self.next_row < self.n and self.arrival[self.next_row] <= until:
                 self._route(self.next_row)
+                self.room -= 1
                 self.next_row += 1
 
-    def _table(self, index: int) -> RequestTable:
-        """The kernel writes the table in place: only routings reach the accounting as they happen."""
-        return AccountedTable(self.workload, np.full(self.n, np.inf), self.accounting, index, events=False)
+    def _first_capacity(self) -> int:
+        """Rows of each replica's first table (simulator/replica_growth.py): the whole workload
+        when per-row state is sized once elsewhere (LTR's promotion counters, KV blocks)."""
+        form = self.make_policy().compiled_form()
+        promotes = form is not None and form.promote_after_idle is not None
+        return self.n if promotes or self.config.kv_bounded else first_capacity(self.n, self.replicas)
+
+    def _table(self, index: int, rows: int | None = None) -> RequestTable:
+        """The kernel writes the table in place: only routings reach the accounting as they happen.
+        ``rows`` rows (the fleet's first capacity), their arrivals +inf until routed."""
+        rows = self.capacity if rows is None else rows
+        head = self.workload if rows == self.n else dataclasses.replace(   # a zero-copy slice: no feature rows
+            self.workload, table=self.workload.table.slice(0, rows), _feature_cache={})
+        table = AccountedTable(head, np.full(rows, np.inf), self.accounting, index, events=False)
+        if rows != self.n:   # prefix identity by workload row (table.source_rows), as a whole-workload table's
+            if self.chains is None:
+                self.chains = (native_chains(self.workload),)
+            table.prefix_chains = self.chains[0]
+        return table
+
+    def _replica(self, index: int, env: simpy.Environment) -> Replica:
+        replica = super()._replica(index, env)
+        if len(replica.rows) != replica.parts.table.n:   # the global rows, one per row of its table
+            rows = replica.rows[:replica.parts.table.n].copy()
+            predictor = getattr(replica.parts.driver, "predictor", None)
+            if predictor is not None:
+                predictor.rows = rows
+            replica.rows = replica.parts.table.source_rows = rows
+        return replica
+
+    def make_room(self, arriving: int) -> list[int]:
+        """Grow every replica's table that has no room for ``arriving`` more rows (the rows of the
+        next arrival instant): the replicas grown."""
+        if self.room >= arriving:
+            return []
+        grown = []
+        for replica, run in zip(self.fleet, self.runs):
+            table = replica.parts.table
+            if table.n - replica.routed < arriving:
+                size = next_capacity(table.n, replica.routed + arriving, self.n)
+                grow_replica(replica, run, self._table(replica.index, size - table.n))
+                grown.append(replica.index)
+        self.room = min(r.parts.table.n - r.routed for r in self.fleet)
+        return grown
 
     def _recount(self, replica: Replica, run: CompiledRun) -> None:
         """The replica's counters from what its kernel landed since the last routing."""

@@ -31,8 +31,9 @@ from routers import rules
 from routers.snapshot import WorkSum
 from simulator.kernel_layout import DONE_OR_CHUNK, STALLED, UNTIL
 
-#: the loop's exit (``info[1]``): done; a replica stalled; a replica needs Python; the router's draws ran out
-LOOP_DONE, LOOP_STALLED, LOOP_NEEDS_PYTHON, LOOP_NO_DRAWS = 0, 1, 2, 3
+#: the loop's exit (``info[1]``): done; a replica stalled; a replica needs Python; the router's draws ran
+#: out; a replica's table has no room for the next instant's rows (Python grows it, the loop goes on)
+LOOP_DONE, LOOP_STALLED, LOOP_NEEDS_PYTHON, LOOP_NO_DRAWS, LOOP_GROW = 0, 1, 2, 3, 4
 CHUNK = 1 << 16
 _UNIT = 1 << 52   # fractions of predicted work, in units of 2**-52 (routers/snapshot.py FRACTION_BITS)
 
@@ -86,12 +87,25 @@ def _recount(i, rep, routed, lo, outstanding, running, true_work, whole, units, 
 def _fleet_loop(reps, arrival, prompt, length, attrs, fixed, route_est, assigned, route_global, routed, lo,
                 outstanding, running, true_work, whole, units, work, rule_state, draws, balance, info,
                 held_end, predicted_reads, static):
-    """The fleet's walk over its arrival instants (module docstring); ``info`` = [next row, exit, replica]."""
+    """The fleet's walk over its arrival instants (module docstring); ``info`` = [next row, exit,
+    replica (or rows arriving, LOOP_GROW), a lower bound of the fewest free rows of a replica's table]."""
     n = arrival.shape[0]
     count = len(reps)
     next_row = info[0]
     while True:
         until = arrival[next_row] if next_row < n else np.inf
+        if next_row < n:   # room in every table for the instant's rows, before any replica moves
+            arriving = 1
+            while next_row + arriving < n and arrival[next_row + arriving] <= until:
+                arriving += 1
+            if info[3] < arriving:
+                room = reps[0][0].arrival.shape[0] - routed[0]
+                for i in range(1, count):
+                    room = min(room, reps[i][0].arrival.shape[0] - routed[i])
+                info[3] = room
+                if room < arriving:
+                    info[0], info[1], info[2] = next_row, LOOP_GROW, arriving
+                    return
         for i in range(count):
             if held_end[i] > until:   # its held step lands after the instant: the kernel would return at once
                 continue
@@ -134,6 +148,7 @@ def _fleet_loop(reps, arrival, prompt, length, attrs, fixed, route_est, assigned
             rep[6][k] = estimate
             route_global[row] = estimate
             routed[index] += 1
+            info[3] -= 1
             assigned[row] = index
             # the accounting takes it in (its work at generated = 0, before its own estimate exists)
             outstanding[index] += 1
@@ -224,6 +239,13 @@ def rule_name(router) -> str:
     return rule.__name__
 
 
+def _rep(replica, run) -> tuple:
+    """What the loop holds of one replica: its kernel's arguments and its table's routing columns."""
+    table = replica.parts.table
+    return (run.rows, run.work, run.settings, run.state, run.batch, replica.rows, table.route_estimate,
+            table.prompt_sq)
+
+
 def loop_args(fleet) -> tuple:
     """The compiled loop's arguments for ``fleet`` (its replicas' runs built, nothing routed yet)."""
     import numba  # numba.typed, not imported by name: mypy would then read numba's own sources
@@ -232,9 +254,7 @@ def loop_args(fleet) -> tuple:
     n, count = fleet.n, len(replicas)
     reps = numba.typed.List()
     for replica, run in zip(replicas, runs):
-        table = replica.parts.table
-        reps.append((run.rows, run.work, run.settings, run.state, run.batch, replica.rows, table.route_estimate,
-                     table.prompt_sq))
+        reps.append(_rep(replica, run))
     predicted_reads = router.reads == "predicted_work"
     static = fleet.fixed is not None
     empty = np.zeros(0, dtype=np.float64)
@@ -249,7 +269,7 @@ def loop_args(fleet) -> tuple:
     work = np.zeros(count, dtype=np.float64)
     rule_state = np.zeros(rules.STATE_SIZE, dtype=np.int64)
     balance = np.array([fleet.balance.ratio_sum, float(fleet.balance.samples)])
-    info = np.array([fleet.next_row, LOOP_DONE, -1], dtype=np.int64)
+    info = np.array([fleet.next_row, LOOP_DONE, -1, 0], dtype=np.int64)
     return (reps, fleet.arrival, fleet.prompt, fleet.length, fleet.attributes, fleet.fixed if static else empty,
             route_est, fleet.assigned, fleet.route_estimate, routed, lo, acc.outstanding, acc.running,
             acc.true_work, whole, units, work, rule_state, router.compiled_draws(n), balance, info,
@@ -271,8 +291,16 @@ def run_loop(fleet, loop, args) -> None:
     """Route and run ``fleet``'s whole workload in the compiled loop (:func:`prepare_loop`'s);
     leaves the fleet's bookkeeping as its Python walk does."""
     runs, replicas, acc = fleet.runs, fleet.fleet, fleet.accounting
+    reps, routed, lo, whole, units, balance, info = args[0], args[9], args[10], args[14], args[15], args[19], args[20]
     loop(*args)
-    routed, lo, whole, units, balance, info = args[9], args[10], args[14], args[15], args[19], args[20]
+    while info[1] == LOOP_GROW:   # a table to grow (simulator/replica_growth.py), then on from the same instant
+        for i, replica in enumerate(replicas):
+            replica.routed = int(routed[i])
+        fleet.room = int(info[3])   # the loop's exact count: short of the instant's rows
+        for i in fleet.make_room(int(info[2])):
+            reps[i] = _rep(replicas[i], runs[i])
+        info[1], info[3] = LOOP_DONE, fleet.room
+        loop(*args)
     if info[1] == LOOP_STALLED:
         raise runs[int(info[2])].stalled()
     if info[1] != LOOP_DONE:
