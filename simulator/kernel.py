@@ -77,8 +77,8 @@ def _take_estimates(t, w, s, st):
         n_res = st.n_res
         for j in range(st.n_rekey):
             r = w.rekey[j]
-            if t.finish_s[r] == t.finish_s[r]:
-                continue
+            if t.finish_s[r] == t.finish_s[r] or (s.kv_total > 0 and w.kv_recompute[r]):
+                continue   # finished, or preempted (not resident: keyed again when its re-prefill completes)
             pos = 0
             while w.ord_rows[pos] != r:
                 pos += 1

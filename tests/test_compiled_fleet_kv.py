@@ -39,7 +39,7 @@ def test_compiled_fleet_with_kv_blocks_matches_reference(router):
     policy = "countdown" if predictor == "oracle" else "fcfs"
     result = replay_fleet(RunConfig(trace="sharegpt", policy=policy, predictor=predictor, replicas=3, router=router,
                                     load=1.5, requests=240,
-                                    engine_config=EngineConfig(kv_blocks=300, prefix_caching=False)))
+                                    engine_config=EngineConfig(kv_blocks=600, prefix_caching=False)))
     assert result.preemptions.sum() > 0
 
 

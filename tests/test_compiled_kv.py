@@ -33,7 +33,7 @@ from simulator.profiles.unit import UnitProfile  # noqa: E402
 from simulator.runner import RunConfig, run_simulation  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from invariant_cases import HYPO, cases, make_predictor_for, vllm_cases  # noqa: E402
+from invariant_cases import HYPO, Case, cases, make_predictor_for, vllm_cases  # noqa: E402
 from test_compiled import PrefillStage, QueueAwareCharged, assert_identical, replay_both  # noqa: E402
 from test_kv_blocks import least_blocks  # noqa: E402
 
@@ -100,6 +100,19 @@ def test_compiled_kv_blocks_with_python_and_prefill_stage_predictors(case, prefi
     if not prefill and case.seed % 2 and not make_policy(case.policy, slos=SLOS).compiled_form().rank_predictors:
         case.seed += 1   # this policy's compiled form takes no rank scores: length estimates
     assert_same(simulate(case, "reference", "unit", make()), simulate(case, "compiled", "unit", make()))
+
+
+def test_an_estimate_published_after_its_row_was_preempted():
+    """A prefill-stage estimate ready after its step ends fires when its row may be preempted
+    already: the row gets the estimate but joins no order until its re-prefill completes (the
+    kernel once put it among the residents; found by the test above)."""
+    case = Case(prompt=[1, 1, 1, 1, 2, 3, 4], output=[5, 6, 7, 13, 9, 10, 11],
+                arrival=[0.0, 0.0, 0.25, 0.5, 0.75, 1.0, 1.25], policy="countdown", predictor="fixed",
+                fixed=[1.0] * 7, noise_mae=1.0, seed=200, step_time="unit", max_resident=3, decode_slots=2, budget=1,
+                wait_cap=0, kv_blocks=14, block_size=1, prefix_caching=False)
+    ref, comp = (simulate(case, kernel, "unit", PrefillStage(case.fixed, 1.7, 1.0)) for kernel in ("reference", "compiled"))
+    assert_same(ref, comp)
+    assert comp.preemptions.sum() > 0
 
 
 def test_the_generated_cases_preempt():
