@@ -5,7 +5,6 @@ from the replicas' kernels) and the residents a held step preempted (docs/semant
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 
 import numpy as np
@@ -13,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.trace import load_trace
+from core.trace import load_trace, trace_from_arrays
 from policies import make_policy
 from predictors import make_predictor
 from routers import ROUTERS, make_router
@@ -52,7 +51,7 @@ def _fleet(cls, workload, arrival, router, policy, predictor, replicas, seed, bl
                                    kv_blocks=blocks, kv_block_size=size, prefix_caching=False), seed=seed)
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(1, 30), replicas=st.integers(1, 4), gaps=st.lists(st.sampled_from([0, 0, 1, 2, 5]), min_size=30,
                                                                        max_size=30),
        router=st.sampled_from(KV_ROUTERS), pair=st.sampled_from(PAIRS), seed=st.integers(0, 5),
@@ -65,7 +64,7 @@ def test_compiled_fleet_with_kv_blocks_on_random_fleets(n, replicas, gaps, route
         predictor = "oracle"
     trace = load_trace("lmsys").take(np.arange(n))
     prompt, output = np.minimum(trace.prompt_tokens, 40), np.minimum(trace.output_tokens, 30)
-    workload = dataclasses.replace(trace, prompt_tokens=prompt, output_tokens=output)
+    workload = trace_from_arrays("fleet", prompt.tolist(), output.tolist())
     blocks = int(max(-(-(p + o - 1) // size) for p, o in zip(prompt, output))) + extra
     arrival = np.cumsum(gaps[:n]).astype(np.float64)
     results = [_fleet(cls, workload, arrival, router, policy, predictor, replicas, seed, blocks, size).run()
