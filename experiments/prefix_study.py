@@ -8,7 +8,7 @@ t-intervals over seeds.
 Seed s replays the window of N = per-replica x replicas consecutive Mooncake requests starting at an
 offset drawn from ``default_rng(s)`` (requests, hash_ids and timestamps together, so the window keeps
 the trace's own prefix sharing), its timestamps divided by replicas / 4 (the same load per replica
-at every fleet size). Reference engine (KV blocks are not compiled yet), one run after another.
+at every fleet size). Reference engine (the prefix cache is not compiled yet), one run after another.
 """
 
 from __future__ import annotations

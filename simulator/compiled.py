@@ -1,24 +1,24 @@
 """The compiled step: the engine's step loop as one numba kernel, Python only between its steps.
 
-The reference engine (:mod:`simulator.engine`) stays the definition; this kernel replays it with the
-same float64 arithmetic in the same order, so its outputs are byte-identical (the identity tests in
+The reference engine (:mod:`simulator.engine`) stays the definition; this kernel replays it with the same
+float64 arithmetic in the same order, so its outputs are byte-identical (the identity tests in
 ``tests/test_compiled.py`` hold it to that). It covers every predictor: no predictor, the oracles
-(estimates fixed at bind time, inside the kernel), arrival-stage predictors scored in Python when
-rows arrive, prefill-stage predictors predicted in Python after each prefilling step (estimates
-fixed per row at bind time, frozen ``leap`` and ``egtp``, are published in compiled code instead:
-:mod:`simulator.kernel_estimates`), re-estimates
-after prefill and during decode (TRAIL, LEAP with refresh) made in Python after the step that
-calls for them (TRAIL's arrival scores, prefill probe and refreshes in compiled code instead:
-:mod:`simulator.kernel_trail`), and online learning (LEAP+RLS): the kernel buffers finished rows until a feedback
-batch is due, Python runs the predictor's feedback, and the CPU worker's publishes fire between
-compiled steps (LEAP+RLS's prefill estimates from the live weights made in compiled code:
-:mod:`simulator.kernel_online`). Policies FCFS, countdown and TRAIL's limited preemption (its locked rows merged
-into the (key, row) order at their key, -inf: first whatever a rank predictor's scores are),
-SSJF's starvation override (a starving decision by arrival), aging (keys re-made when its clock
-ticks) and LTR's starvation rule (both :mod:`simulator.kernel_policies`); the roofline / fitted /
-unit profiles; chunked prefill, the KV budget, the step clock and closed loop, with every predictor;
-the step log (``record_steps``: :mod:`simulator.kernel_log`, :mod:`simulator.compiled_log`). It is
-``simulate``'s default kernel. A policy without a compiled form runs on the reference engine, and
+(estimates fixed at bind time, inside the kernel), arrival-stage predictors scored in Python when rows
+arrive, prefill-stage predictors predicted in Python after each prefilling step (estimates fixed per row
+at bind time, frozen ``leap`` and ``egtp``, are published in compiled code instead:
+:mod:`simulator.kernel_estimates`), re-estimates after prefill and during decode (TRAIL, LEAP with
+refresh) made in Python after the step that calls for them (TRAIL's arrival scores, prefill probe and
+refreshes in compiled code instead: :mod:`simulator.kernel_trail`), and online learning (LEAP+RLS): the
+kernel buffers finished rows until a feedback batch is due, Python runs the predictor's feedback, and the
+CPU worker's publishes fire between compiled steps (LEAP+RLS's prefill estimates from the live weights
+made in compiled code: :mod:`simulator.kernel_online`). Policies FCFS, countdown and TRAIL's limited
+preemption (its locked rows merged into the (key, row) order at their key, -inf: first whatever a rank
+predictor's scores are), SSJF's starvation override (a starving decision by arrival), aging (keys re-made
+when its clock ticks) and LTR's starvation rule (both :mod:`simulator.kernel_policies`); the roofline /
+fitted / unit profiles; chunked prefill, the KV budget, KV blocks without prefix caching
+(:mod:`simulator.kernel_kv`), the step clock and closed loop, with every
+predictor; the step log (``record_steps``: :mod:`simulator.kernel_log`, :mod:`simulator.compiled_log`). It
+is ``simulate``'s default kernel. A policy without a compiled form runs on the reference engine, and
 :func:`unsupported` says why (one line per process). Without numba every run uses the reference.
 
 Events between steps (an estimate ready after its step ended, an online update's publish) keep
@@ -50,6 +50,7 @@ from predictors.base import Known
 from simulator.compiled_log import fill_step_log, no_log, with_room
 from simulator.kernel import DEFAULT_RULE, announce_compile, load_kernel
 from simulator.kernel_estimates import C_CPU_PER_PREDICTION, C_CPU_SPENT, C_TAP_FRACTION, load_publishing_kernel
+from simulator.kernel_kv import kv_arrays, kv_fill
 from simulator.kernel_layout import (
     AFTER_STEP,
     BATCH,
@@ -87,8 +88,8 @@ def unsupported(sim) -> str | None:
     predictor and profile declare (``compiled`` with ``why_not``, ``compiled_form``, ``compiled_coefficients``)."""
     if load_kernel() is None:
         return "numba is missing or fails to load"
-    if sim.config.kv_bounded:
-        return "KV blocks (--kv-blocks) are not compiled yet"
+    if sim.config.caches_prefixes:
+        return "prefix caching (on by default with --kv-blocks) is not compiled yet; --prefix-caching off runs compiled"
     policy, p = sim.policy, sim.predictor
     if not policy.compiled:
         from policies import POLICIES
@@ -169,7 +170,8 @@ class CompiledRun:
                          table.last_served, table.forced_steps, table.admitted, table.admit_s, table.first_token_s,
                          table.finish_s, table.admit_step, table.first_token_step, table.finish_step,
                          table.first_predicted, table.ready_s, table.prefilled, table.attributes,
-                         params_array(sim.policy.compiled_form().params), np.zeros(n, dtype=np.int64))
+                         params_array(sim.policy.compiled_form().params), np.zeros(n, dtype=np.int64),
+                         kv_fill(table, cfg.kv_bounded), table.preemptions)
         self.work = self._work_arrays(n, sim.policy)
         self.settings = self._settings(sim)
         self.state, self.batch = new_record(STATE), new_record(BATCH)   # what the kernel takes
@@ -205,7 +207,8 @@ class CompiledRun:
                     scratch=np.empty(width, dtype=np.int64), err=np.empty(width, dtype=np.float64),
                     pair_stack=np.zeros((3, 64), dtype=np.int64), pair_sums=np.empty(64, dtype=np.float64),
                     rekey=self.rekey, fb_rows=np.empty(rows, dtype=np.int64), fb_ends=np.empty(rows, dtype=np.int64),
-                    runs_left=runs_left, served_seen=served_seen, first_waiting=first_waiting, **no_log())
+                    runs_left=runs_left, served_seen=served_seen, first_waiting=first_waiting,
+                    **kv_arrays(n if self.cfg.kv_bounded else 0, width), **no_log())
 
     def _settings(self, sim) -> Settings:
         """The run's fixed settings as the kernel reads them (the policy's and profile's declared forms)."""
@@ -235,7 +238,9 @@ class CompiledRun:
             after_prefill=bool(self.after_prefill), aging=form.aging_log_rate is not None, keys_rise=form.keys_rise,
             aging_log_rate=float(form.aging_log_rate or 0.0), aging_every_s=float(form.aging_every_s),
             promotes=form.promote_after_idle is not None, promote_after_idle=int(form.promote_after_idle or 0),
-            promoted_runs=int(form.promoted_runs), record_steps=bool(sim.record_steps))
+            promoted_runs=int(form.promoted_runs), record_steps=bool(sim.record_steps),
+            kv_total=int(cfg.kv_blocks_total) if cfg.kv_bounded else 0,
+            kv_size=int(cfg.kv_block_size) if cfg.kv_bounded else 1)
 
     def _fixed_estimates_publisher(self, sim) -> tuple | None:
         """(estimates, cost) for :mod:`simulator.kernel_estimates` when a prefill-stage predictor's
@@ -387,9 +392,10 @@ class CompiledRun:
             self._publish(what, at, finished, before_landing)
             return
         resident = self.work.resident[:int(self.st.n_res)]
-        if done_last or (before_landing and self.last.n_first):   # the residents before that step landed
-            firsts = self.work.firsts[:int(self.last.n_first)]
-            resident = np.setdiff1d(np.union1d(resident, self.work.done_rows[:done_last]), firsts)
+        if done_last or (before_landing and (self.last.n_first or self.last.n_resumed)):   # before that step landed
+            joined = np.concatenate([self.work.firsts[:int(self.last.n_first)],
+                                     self.work.resumed[:int(self.last.n_resumed)]])
+            resident = np.setdiff1d(np.union1d(resident, self.work.done_rows[:done_last]), joined)
         self._publish_update(what, at, finished, resident, before_landing)
         self.worker_busy = False
         if self.worker_queue:   # the worker's next get fires after any step-loop timeout created by now
@@ -471,22 +477,10 @@ class CompiledRun:
         self.finish()
 
     def stalled(self) -> Exception:
-        """The :class:`simulator.scheduler.SimulationStalled` of the kernel's stall, as the reference words it."""
-        from simulator.scheduler import SimulationStalled, chunk_overrun, min_chunk
+        """The :class:`simulator.scheduler.SimulationStalled` of the kernel's stall (:func:`simulator.compiled_stall.stalled`)."""
+        from simulator.compiled_stall import stalled
 
-        if self.st.chunk_overrun:
-            row = int(self.st.partial)
-            return SimulationStalled(chunk_overrun(self.steps, self.now, row, int(self.table.prompt[row]),
-                                                   int(self.table.prefilled[row]), int(self.st.carried_chunks), min_chunk(self.cfg)))
-        if self.st.stall_ready < 0:   # kernel: a carried chunk computed nothing
-            row, before = -1 - int(self.st.stall_ready), int(self.st.stall_waiting)
-            return SimulationStalled(
-                f"step {self.steps} at t={self.now:.6g} s made no progress: the part-prefilled prompt of row "
-                f"{row} stayed at {before} of {int(self.table.prompt[row])} tokens, nothing admitted or decoded")
-        return SimulationStalled(
-            f"step {self.steps} at t={self.now:.6g} s admitted and decoded nothing with "
-            f"{int(self.st.stall_ready)} resident and {int(self.st.stall_waiting)} waiting requests "
-            f"(decode_slots={self.cfg.decode_slots}, max_resident={self.cfg.max_resident})")
+        return stalled(self)
 
     def finish(self) -> None:
         """After the last step: the GPU charged, then what SimPy runs after it (events, the last feedback)."""

@@ -96,7 +96,7 @@ class CompiledFleet(FleetSimulation):
             if self.next_row >= self.n:
                 break
             for replica, run, moved in zip(self.fleet, self.runs, landed):
-                if moved:
+                if moved or self.config.kv_bounded:   # KV blocks: a held step's admissions and preemptions too
                     self._recount(replica, run)
             self.make_room(int(np.searchsorted(self.arrival, until, side="right")) - self.next_row)
             while self.next_row < self.n and self.arrival[self.next_row] <= until:
@@ -153,10 +153,13 @@ class CompiledFleet(FleetSimulation):
         """The replica's counters from what its kernel landed since the last routing."""
         replica.parts.table.finished = run.finished
         st = run.st
-        running = int(st.held) - 1 if st.held else int(st.n_res)   # a held step's residents: before it
+        # a held step's residents: before it, less those it preempted (they left at its start)
+        running = int(st.held) - 1 - int(run.last.n_preempted) if st.held else int(st.n_res)
         predicted, true = self.recount
         work = self.replica_work(replica, predicted, true) if predicted or true else None
         self.accounting.set_replica(replica.index, replica.routed - run.finished, running, work)
+        if self.config.kv_bounded:   # the blocks held now (FleetSimulation._kv_changed)
+            self.accounting.set_kv(replica.index, int(st.kv_blocks_used))
 
     def _compiled(self, replica: Replica) -> CompiledRun:
         predictor = CompiledRows(self.predictors[replica.index], replica.rows) if self.predictors else None

@@ -55,7 +55,7 @@ def _exact(whole, units):
 def _recount(i, rep, routed, lo, outstanding, running, true_work, whole, units, work, predicted_reads):
     """CompiledFleet._recount of replica ``i``: counters from what its kernel landed."""
     t, st = rep[0], rep[3][0]
-    running[i] = st.held - 1 if st.held else st.n_res
+    running[i] = st.held - 1 - rep[4][0].n_preempted if st.held else st.n_res   # the preempted left at its start
     outstanding[i] = routed[i] - st.finished
     k = lo[i]
     while k < routed[i] and t.finish_s[k] == t.finish_s[k]:
@@ -115,7 +115,7 @@ def _fleet_loop(reps, arrival, prompt, length, attrs, fixed, route_est, assigned
             st.until = until
             moved = False
             while True:
-                if _kernel(CHUNK, rep[0], rep[1], rep[2], state, rep[4]) > 0:
+                if _kernel(CHUNK, rep[0], rep[1], rep[2], state, rep[4]) > 0 or (st.held and rep[4][0].n_preempted):
                     moved = True
                 status = st.status
                 if status == UNTIL or (status == DONE_OR_CHUNK and st.finished == rep[0].arrival.shape[0]):
@@ -141,6 +141,7 @@ def _fleet_loop(reps, arrival, prompt, length, attrs, fixed, route_est, assigned
             rep[5][k] = row
             t.arrival[k] = arrival[row]
             t.prompt[k] = prompt[row]
+            t.fill[k] = prompt[row]   # KV blocks: its next prefill (the prompt array itself without them)
             rep[7][k] = prompt[row] * prompt[row]
             t.length[k] = length[row]
             for j in range(len(attrs)):
@@ -224,6 +225,8 @@ def loop_unsupported(fleet) -> str | None:
         if run.pending or run.trail is not None or run.online is not None or run.publishing is not None \
                 or run.settings.record_steps:
             return "a replica's run has Python-side stops"
+    if router.needs_kv:
+        return "the router reads KV blocks (the loop keeps no KV counters)"
     if len({a.dtype for a in fleet.attributes}) > 1:
         return "request attributes of several dtypes"
     if router.reads == "predicted_work" and fleet.predictors[0].router_estimate() not in ("prompt", "prior"):

@@ -59,11 +59,12 @@ from simulator.kernel_steps import (
 
 #: the modules whose functions numba compiles, in import order (their ``JITTED`` names)
 KERNEL_MODULES = ("simulator.kernel_float", "simulator.kernel_order", "simulator.kernel_policies",
-                  "simulator.kernel_steps", "simulator.kernel_log", "simulator.kernel")
+                  "simulator.kernel_rank", "simulator.kernel_kv", "simulator.kernel_steps", "simulator.kernel_log", "simulator.kernel")
 #: the policies' files whose per-row functions the kernel compiles in (beside the policy's rule)
-POLICY_SOURCES = ("policies.aging", "policies.ssjf_starvation", "policies.trail_preemption", "policies.ltr_starvation")
+POLICY_SOURCES = ("policies.aging", "policies.ssjf_starvation", "policies.trail_preemption", "policies.ltr_starvation",
+                  "simulator.kv_rule")
 #: the modules of the step's parts, inlined into the loop (and kernel_policies' INLINED names)
-STEP_MODULES = ("simulator.kernel_steps", "simulator.kernel_log")
+STEP_MODULES = ("simulator.kernel_rank", "simulator.kernel_kv", "simulator.kernel_steps", "simulator.kernel_log")
 
 
 def _take_estimates(t, w, s, st):
@@ -76,8 +77,8 @@ def _take_estimates(t, w, s, st):
         n_res = st.n_res
         for j in range(st.n_rekey):
             r = w.rekey[j]
-            if t.finish_s[r] == t.finish_s[r]:
-                continue
+            if t.finish_s[r] == t.finish_s[r] or (s.kv_total > 0 and w.kv_recompute[r]):
+                continue   # finished, or preempted (not resident: keyed again when its re-prefill completes)
             pos = 0
             while w.ord_rows[pos] != r:
                 pos += 1
@@ -104,7 +105,7 @@ def _land_step(t, w, s, st, b, n_before, start, duration):
     """The landing half of the step composed at ``start``: tokens, completions, the order, the clock."""
     end = start + duration
     tick = int(start) if s.step_clock else st.step   # simulator.requests.clock_step
-    _land(t, w, st, b, st.step, tick, start, end)
+    _land(t, w, s, st, b, st.step, tick, start, end)
     _retire(t, w, st, b, end)
     _record_finished(w, s, st)
     _reorder(t, w, s, st, b, n_before)
@@ -147,7 +148,7 @@ def _run_steps(max_steps, t, w, s, state, batch):
         while arrived < n and t.arrival[arrived] <= st.now:
             arrived += 1
         st.arrived = arrived
-        if st.n_res == 0 and st.partial < 0 and st.n_admitted >= arrived:   # Scheduler.idle: wait
+        if st.n_res == 0 and st.partial < 0 and st.n_admitted >= arrived and st.n_requeued == 0:   # Scheduler.idle
             # (a fleet's replica: its next row is not routed yet (inf), it waits for the fleet's next arrival)
             wake = t.arrival[arrived] if arrived < n and t.arrival[arrived] < st.until else st.until
             if wake == math.inf:   # a fleet's replica with nothing left to route to it

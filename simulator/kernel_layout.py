@@ -55,6 +55,9 @@ STATE = np.dtype([
     ("ltr_seen", np.int64),         # LTR: rows [0, ltr_seen) seen waiting by an admission call
     ("ltr_idle_ptr", np.int64),     # LTR: rows below it are admitted or past their waiting promotion
     ("held", np.int64),             # a fleet: 1 + residents before the step composed and not landed (0: none)
+    ("kv_blocks_used", np.int64),   # KV blocks (simulator.kernel_kv): held now
+    ("n_requeued", np.int64),       # ... preempted rows waiting in Work.kv_requeue (the last preempted on top)
+    ("preemptions", np.int64),      # ... preemptions so far
     ("now", np.float64), ("abs_error", np.float64),
     ("charge", np.float64),         # the predictor's GPU debt the next step pays
     ("next_event", np.float64), ("gpu_s", np.float64),
@@ -70,6 +73,10 @@ BATCH = np.dtype([
     ("carried", np.int64), ("carried_chunk", np.int64), ("waiting", np.int64),
     ("n_admit", np.int64), ("n_first", np.int64), ("prefill_tokens", np.int64), ("prefill_sq", np.int64),
     ("context", np.int64), ("n_done", np.int64),
+    ("ready", np.int64),            # residents at the step's start (Batch.ready)
+    ("n_readmit", np.int64),        # KV blocks: preempted rows readmitted (Work.readmit), prefilled before the admitted
+    ("n_resumed", np.int64),        # ... rows whose re-prefill completed (Work.resumed; not first tokens)
+    ("n_preempted", np.int64),      # ... rows preempted (Work.kv_gone)
     ("n_released", np.int64),       # closed loop: rows its completions submitted (at its end)
     ("start", np.float64), ("duration", np.float64),
 ])
@@ -98,6 +105,9 @@ class Rows(NamedTuple):
     attributes: tuple        # the rows' request attributes (core.attributes.Attributes)
     params: np.ndarray       # the policy rule's numbers (policies/rule.py: CompiledForm.params), float64
     cached: np.ndarray       # prompt tokens found cached (policies/rule.py): zeros, the kernel models no cache
+    fill: np.ndarray         # tokens each row's next prefill computes (RequestTable.fill): the prompt array
+                             # itself without KV blocks, else a copy (a preempted row: prompt + generated)
+    preemptions: np.ndarray  # times each row was preempted (RequestTable.preemptions)
 
 
 class Work(NamedTuple):
@@ -126,6 +136,14 @@ class Work(NamedTuple):
     runs_left: np.ndarray    # LTR's per-row state (policies.ltr_starvation: the policy's own arrays;
     served_seen: np.ndarray  # ... empty for other policies)
     first_waiting: np.ndarray
+    kv_held: np.ndarray      # KV blocks (simulator.kernel_kv): blocks each row holds (one element without KV blocks)
+    kv_recompute: np.ndarray # ... a row whose next prefill is a re-prefill (bool)
+    kv_requeue: np.ndarray   # ... preempted rows waiting (STATE.n_requeued; the last preempted last)
+    kv_mark: np.ndarray      # ... per row, 1: a forced decode, 2: another decode of the step (victim order)
+    kv_order: np.ndarray     # ... the step's victim order (policies.selection.victim_order)
+    kv_gone: np.ndarray      # ... the step's preempted rows (BATCH.n_preempted)
+    readmit: np.ndarray      # ... the step's readmitted rows (BATCH.n_readmit)
+    resumed: np.ndarray      # ... the step's completed re-prefills (BATCH.n_resumed)
 
 
 class Settings(NamedTuple):
@@ -166,6 +184,8 @@ class Settings(NamedTuple):
     promotes: bool           # LTR's starvation rule (policies.ltr_starvation)
     promote_after_idle: int  # ... promotes a row idle for this many steps
     promoted_runs: int       # ... for this many runs
+    kv_total: int            # KV blocks (docs/semantics.md "KV blocks"; 0: unbounded KV)
+    kv_size: int             # ... tokens per block
 
 
 def new_record(dtype: np.dtype) -> np.ndarray:

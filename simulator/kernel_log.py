@@ -24,11 +24,11 @@ from simulator.kernel_layout import (
 
 def _record_step(w, s, st, b, ready, start, duration):
     """StepLog.record: the step about to run (``ready``: residents able to decode at its start); a
-    carried chunk holds a resident place."""
+    carried chunk holds a resident place; preempted rows leave, readmitted ones hold one again."""
     if not s.record_steps:
         return
     i = st.step
-    holding = ready + b.n_admit + (1 if b.carried >= 0 else 0)
+    holding = ready + b.n_admit + (1 if b.carried >= 0 else 0) + b.n_readmit - b.n_preempted
     w.log_times[i, 0] = start
     w.log_times[i, 1] = duration
     counts = w.log_counts
@@ -39,7 +39,7 @@ def _record_step(w, s, st, b, ready, start, duration):
     counts[i, LOG_RESIDENT] = holding
     counts[i, LOG_ARRIVED] = st.arrived
     counts[i, LOG_CAPACITY_LEFT] = s.max_resident - holding
-    counts[i, LOG_WAITING] = b.waiting - b.n_admit   # Batch.waiting: after this step's admissions
+    counts[i, LOG_WAITING] = b.waiting - b.n_admit - b.n_readmit   # Batch.waiting: after this step's admissions
 
 
 def _record_finished(w, s, st):

@@ -11,12 +11,10 @@ counters ``st`` and step ``b`` (:mod:`simulator.kernel_layout`). Plain Python th
 
 from __future__ import annotations
 
-from policies.ssjf_starvation import starving_row
-from policies.trail_preemption import LOCKED_KEY
-from policies.trail_preemption import locked_row as _locked
 from simulator.kernel_float import _pairwise
+from simulator.kernel_kv import _blocks_for, _kv_grow
 from simulator.kernel_layout import KEY_ROW, PRED_NONE, PRED_PREFILL, PRED_STATIC
-from simulator.kernel_order import _before, _heap_pop, _heap_push, _lru_append, _lru_remove, _ord_insert
+from simulator.kernel_order import _heap_pop, _heap_push, _lru_append, _lru_remove, _ord_insert
 from simulator.kernel_policies import (
     _admission_key,
     _aging_clock,
@@ -26,6 +24,7 @@ from simulator.kernel_policies import (
     _ltr_decode_keys,
     _policy_rekey_sort,
 )
+from simulator.kernel_rank import _rank, _starving
 
 
 def _score_arrivals(t, w, s, st):
@@ -39,58 +38,6 @@ def _score_arrivals(t, w, s, st):
         if s.pred_mode != PRED_NONE and s.ordered:
             st.heap = _heap_push(w.heap_keys, w.heap_rows, st.heap, _admission_key(r, t, w, s, st), r)
         st.scored = r + 1
-
-
-def _starving(t, s, now, j):
-    """SSJFStarvation.starving of a decision whose longest-waiting row is ``j`` (rows are in arrival
-    order, so it is the decision's first row): the policy's own ``starving_row``, compiled in."""
-    return starving_row(now - t.arrival[j], t.predicted[j], s.starve_after_s, s.starve_factor, s.exec_base_s,
-                        s.exec_per_token_s)
-
-
-def _rank(t, w, s, st, candidates, n_cand, at, k, skip_starving):
-    """policies.selection.rank: the first ``k`` of ``candidates[:n_cand]`` by the policy's decode
-    keys, into ``chosen[at:at + k]``. Row order (FCFS); else the (key, row) order of every resident
-    (``ord_rows``), skipping the starving (not among the candidates), with TRAIL's locked rows at
-    its ``LOCKED_KEY`` (first, whatever a rank predictor's scores are: only a key of -inf ties with
-    it) merged in; SSJF's override, when its first row starves: row (arrival) order. True when the
-    choice is that order's prefix."""
-    chosen, step = w.chosen, st.step
-    if s.keys_on == KEY_ROW or (s.starvation_override and n_cand and _starving(t, s, st.now, candidates[0])):
-        for j in range(k):
-            chosen[at + j] = candidates[j]
-        return False
-    lock = s.lock_after >= 0.0
-    if not lock and not skip_starving:
-        for j in range(k):
-            chosen[at + j] = w.ord_rows[j]
-        return True
-    # the locked candidates (key LOCKED_KEY, row order) merged into the (key, row) order of the rest
-    m, i = 0, 0
-    held = _next_locked(t, s, step, candidates, n_cand, 0) if lock else n_cand
-    while m < k:
-        if held < n_cand and (i >= st.n_res or _before(LOCKED_KEY, candidates[held], w.ord_keys[i], w.ord_rows[i])):
-            chosen[at + m] = candidates[held]
-            m += 1
-            held = _next_locked(t, s, step, candidates, n_cand, held + 1)
-            continue
-        r = w.ord_rows[i]
-        i += 1
-        if skip_starving and step - t.last_served[r] > s.wait_cap:
-            continue
-        if lock and _locked(r, step, s.lock_after, t.last_served, t.generated, t.first_predicted):
-            continue
-        chosen[at + m] = r
-        m += 1
-    return False
-
-
-def _next_locked(t, s, step, candidates, n_cand, j):
-    """The index of the first locked row of ``candidates[j:n_cand]`` (``n_cand``: none)."""
-    while j < n_cand and not _locked(candidates[j], step, s.lock_after, t.last_served, t.generated,
-                                     t.first_predicted):
-        j += 1
-    return j
 
 
 def _choose_decodes(t, w, s, st, b):
@@ -127,12 +74,12 @@ def _choose_decodes(t, w, s, st, b):
         k = min(slots - n_forced, n_other)
         if s.promotes:   # the policy is asked for the keys of the rows not forced
             _ltr_decode_keys(t, w, s, st, w.scratch, n_other)
-        _rank(t, w, s, st, w.scratch, n_other, n_forced, k, True)
+        _rank(t, w, s, st, w.scratch, n_other, n_forced, k, True, w.chosen)
         b.n_chosen, b.n_forced = n_forced + k, n_forced
     else:
         if s.promotes:
             _ltr_decode_keys(t, w, s, st, w.resident, n_res)
-        if _rank(t, w, s, st, w.resident, n_res, 0, slots, False):
+        if _rank(t, w, s, st, w.resident, n_res, 0, slots, False, w.chosen):
             b.ord_dirty = slots   # only the prefix's keys change this step
         b.n_chosen, b.n_forced = slots, 0
 
@@ -141,19 +88,25 @@ def _admit(t, w, s, st, b):
     """Scheduler._admit: waiting rows in row order (or by score, from the heap) up to the prefill
     budget, resident room and KV budget; strict order, an over-long prompt alone (or, chunked, the
     last one takes what budget is left as a first chunk; SSJF's override: by arrival when the first
-    waiting row starves, those rows left in the heap until it pops them). Into ``admit[:n_admit]``."""
-    budget, n_admit = b.budget, 0
+    waiting row starves, those rows left in the heap until it pops them). Into ``admit[:n_admit]``.
+    KV blocks: only in a step that preempted nothing; the re-queued rows first (the last preempted
+    first, into ``readmit[:n_readmit]``), and each needs its whole fill's blocks free."""
+    budget, n_admit, n_re = b.budget, 0, 0
     room = s.max_resident - st.n_res - (1 if st.partial >= 0 else 0)
-    if budget > 0 and room > 0 and st.n_admitted < st.arrived:
+    waiting = st.n_admitted < st.arrived
+    if budget > 0 and room > 0 and (waiting or st.n_requeued > 0) and b.n_preempted == 0:
         tokens, by_row, nxt = 0, not s.ordered, st.n_admitted
-        if s.ordered and s.promotes:   # the policy is asked for every waiting row's key
+        if s.ordered and s.promotes and waiting:   # the policy is asked for every waiting row's key
             _ltr_admission_keys(t, w, s, st)
-        if s.ordered and s.starvation_override:
+        if s.ordered and s.starvation_override and waiting:
             while t.admitted[st.admit_ptr]:
                 st.admit_ptr += 1
             by_row, nxt = _starving(t, s, st.now, st.admit_ptr), st.admit_ptr
-        while n_admit < room:
-            if by_row:
+        q, blocks, free = st.n_requeued, 0, s.kv_total - st.kv_blocks_used
+        while n_re + n_admit < room:
+            if q > 0:   # a preempted row, readmitted
+                r = w.kv_requeue[q - 1]
+            elif by_row:
                 while nxt < st.arrived and t.admitted[nxt]:
                     nxt += 1
                 if nxt >= st.arrived:
@@ -165,7 +118,7 @@ def _admit(t, w, s, st, b):
                 if st.heap == 0:
                     break
                 r = w.heap_rows[0]
-            c = tokens + t.prompt[r]
+            c = tokens + t.fill[r]
             last = False
             if c > budget:
                 if s.chunked:   # the next one gets what budget is left, as a first chunk
@@ -173,50 +126,82 @@ def _admit(t, w, s, st, b):
                         last = True
                     else:
                         break
-                elif n_admit > 0:   # strict order; an over-long prompt goes alone
+                elif n_re + n_admit > 0:   # strict order; an over-long prompt goes alone
                     break
             if s.kv_budget >= 0 and c > s.kv_budget - st.kv_used and not (n_admit == 0 and st.n_res == 0):
                 break
-            if by_row:
-                nxt = r + 1
+            if s.kv_total > 0:   # KVBlocks.admissible: its whole fill's blocks
+                need = _blocks_for(t.fill[r], s.kv_size)
+                if blocks + need > free:
+                    break
+                blocks += need
+                w.kv_held[r] = need
+            if q > 0:
+                q -= 1
+                w.readmit[n_re] = r
+                n_re += 1
             else:
-                st.heap = _heap_pop(w.heap_keys, w.heap_rows, st.heap)
-            w.admit[n_admit] = r
-            n_admit += 1
+                if by_row:
+                    nxt = r + 1
+                else:
+                    st.heap = _heap_pop(w.heap_keys, w.heap_rows, st.heap)
+                w.admit[n_admit] = r
+                n_admit += 1
             tokens = c
             if last:
                 break
         for j in range(n_admit):
             t.admitted[w.admit[j]] = True
         st.n_admitted += n_admit
-    b.n_admit = n_admit
+        st.n_requeued = q
+        st.kv_blocks_used += blocks
+    b.n_admit, b.n_readmit = n_admit, n_re
+
+
+def _prefilled_row(w, b, j):
+    """The ``j``-th row prefilled from scratch this step: the readmitted first, then the admitted."""
+    return w.readmit[j] if j < b.n_readmit else w.admit[j - b.n_readmit]
+
+
+def _completed(w, s, b, r, n_first):
+    """Row ``r``'s prefill completed: a first token, or (KVBlocks.completed) a re-prefill resumed."""
+    if s.kv_total > 0 and w.kv_recompute[r]:
+        w.kv_recompute[r] = False
+        w.resumed[b.n_resumed] = r
+        b.n_resumed += 1
+        return n_first
+    w.firsts[n_first] = r
+    return n_first + 1
 
 
 def _prefill(t, w, s, st, b):
-    """Scheduler._prefill: prompt tokens computed this step (the carried chunk, then each admitted
-    row's chunk); rows whose prompt completes emit their first token (``firsts[:n_first]``)."""
+    """Scheduler._prefill: tokens computed this step (the carried chunk, then each readmitted and
+    admitted row's chunk of its fill); rows whose prompt completes emit their first token
+    (``firsts[:n_first]``), completed re-prefills their next one (``resumed[:n_resumed]``)."""
     carried, chunk_c = b.carried, b.carried_chunk
     tokens, sq, n_first = 0, 0, 0
+    n_all = b.n_readmit + b.n_admit
+    b.n_resumed = 0
     if not s.chunked:
-        for j in range(b.n_admit):
-            p = t.prompt[w.admit[j]]
+        for j in range(n_all):
+            r = _prefilled_row(w, b, j)
+            p = t.fill[r]
             tokens += p
             sq += p * p
-            w.firsts[j] = w.admit[j]
-        b.prefill_tokens, b.prefill_sq, b.n_first = tokens, sq, b.n_admit
+            n_first = _completed(w, s, b, r, n_first)
+        b.prefill_tokens, b.prefill_sq, b.n_first = tokens, sq, n_first
         return
     before = t.prefilled[carried] if carried >= 0 else 0
     tokens, sq = chunk_c, chunk_c * (before + chunk_c)
     if carried >= 0:
         t.prefilled[carried] += chunk_c
-        if t.prefilled[carried] == t.prompt[carried]:
-            w.firsts[0] = carried
-            n_first = 1
+        if t.prefilled[carried] == t.fill[carried]:
+            n_first = _completed(w, s, b, carried, n_first)
             st.partial = -1
-    cum, chunk = 0, 0
-    for j in range(b.n_admit):
-        r = w.admit[j]
-        p = t.prompt[r]
+    cum, chunk, r = 0, 0, -1
+    for j in range(n_all):
+        r = _prefilled_row(w, b, j)
+        p = t.fill[r]
         rest = b.budget - cum
         if rest < 0:
             rest = 0
@@ -226,10 +211,9 @@ def _prefill(t, w, s, st, b):
         tokens += chunk
         sq += chunk * chunk
         if chunk == p:
-            w.firsts[n_first] = r
-            n_first += 1
-    if b.n_admit and chunk < t.prompt[w.admit[b.n_admit - 1]]:
-        st.partial = w.admit[b.n_admit - 1]
+            n_first = _completed(w, s, b, r, n_first)
+    if n_all and chunk < t.fill[r]:
+        st.partial = r
         st.carried_chunks = 0
     b.prefill_tokens, b.prefill_sq, b.n_first = tokens, sq, n_first
 
@@ -240,32 +224,37 @@ def _compose(t, w, s, st, b):
     ``stall_ready`` / ``stall_waiting`` say why, a carried row as ``-1 - row``)."""
     if s.aging and _aging_clock(st.now, s.aging_every_s) != st.aging_clock:
         _aging_tick(t, w, s, st, _aging_clock(st.now, s.aging_every_s))
+    b.ready = st.n_res
     _choose_decodes(t, w, s, st, b)
+    b.n_preempted = 0
+    if s.kv_total > 0:   # Scheduler._grow: the decodes' blocks (the preempted leave)
+        _kv_grow(t, w, s, st, b)
     budget = s.prefill_budget - (b.n_chosen if s.decodes_in_budget else 0)
     carried, chunk_c = st.partial, 0
     if carried >= 0:   # a partly prefilled prompt continues before new admissions
-        left = t.prompt[carried] - t.prefilled[carried]
+        left = t.fill[carried] - t.prefilled[carried]
         room = budget if budget > 0 else 0
         chunk_c = left if left < room else room
         budget -= chunk_c
     b.budget, b.carried, b.carried_chunk = budget, carried, chunk_c
-    b.waiting = st.arrived - st.n_admitted
+    b.waiting = st.arrived - st.n_admitted + st.n_requeued
     _admit(t, w, s, st, b)
-    if b.n_admit == 0 and b.n_chosen == 0 and chunk_c == 0:
-        st.stall_ready, st.stall_waiting = st.n_res, b.waiting
+    progress = b.n_admit + b.n_readmit + b.n_chosen + b.n_preempted   # besides the carried chunk
+    if progress == 0 and chunk_c == 0:
+        st.stall_ready, st.stall_waiting = b.ready, b.waiting
         return False
-    if st.n_res > s.decode_slots or (s.ordered and st.arrived > st.n_admitted):
+    if b.ready > s.decode_slots or (s.ordered and st.arrived > st.n_admitted) or b.n_preempted:
         st.contended += 1
     before = t.prefilled[carried] if carried >= 0 else 0
     if chunk_c > 0:   # before _prefill, which restarts the count for a new partial row
         st.carried_chunks += 1
     _prefill(t, w, s, st, b)
-    if b.n_admit == 0 and b.n_chosen == 0 and carried >= 0 and t.prefilled[carried] <= before:
+    if progress == 0 and carried >= 0 and t.prefilled[carried] <= before:
         st.stall_ready, st.stall_waiting = -1 - carried, before   # a carried chunk that computed nothing
         return False
     least = s.prefill_budget - (s.decode_slots if s.decodes_in_budget else 0)   # scheduler.min_chunk
     least = least if least > 1 else 1
-    if chunk_c > 0 and st.carried_chunks > (t.prompt[carried] + least - 1) // least:
+    if chunk_c > 0 and st.carried_chunks > (t.fill[carried] + least - 1) // least:
         st.chunk_overrun = 1   # scheduler.chunk_overrun: continued more often than its prompt allows
         return False
     context, gen_sum = 0, 0
@@ -296,9 +285,10 @@ def _finish(t, w, st, r, n_done, end, tick):
     return n_done + 1
 
 
-def _land(t, w, st, b, step, tick, start, end):
-    """RequestTable.land (and retire's finish times): decode tokens, admissions and first tokens land
-    at the step's end; rows done are ``done_rows[:n_done]``, decoded ones first."""
+def _land(t, w, s, st, b, step, tick, start, end):
+    """RequestTable.land (and retire's finish times): decode tokens, admissions, first tokens and
+    resumed re-prefills' next tokens land at the step's end; rows done are ``done_rows[:n_done]``,
+    decoded ones first, then first tokens, then resumed (their KV blocks freed: KVBlocks.release)."""
     n_done = 0
     for j in range(b.n_chosen):
         r = w.chosen[j]
@@ -326,6 +316,19 @@ def _land(t, w, st, b, step, tick, start, end):
         r = w.firsts[j]
         if t.length[r] <= 1:
             n_done = _finish(t, w, st, r, n_done, end, tick)
+    for j in range(b.n_resumed):   # a re-prefill emits its next token (not a first one)
+        r = w.resumed[j]
+        t.generated[r] += 1
+        t.last_served[r] = step
+    for j in range(b.n_resumed):
+        r = w.resumed[j]
+        if t.generated[r] >= t.length[r]:
+            n_done = _finish(t, w, st, r, n_done, end, tick)
+    if s.kv_total > 0:
+        for j in range(n_done):
+            r = w.done_rows[j]
+            st.kv_blocks_used -= w.kv_held[r]
+            w.kv_held[r] = 0
     st.finished += n_done
     b.n_done = n_done
 
@@ -343,9 +346,9 @@ def _retire(t, w, st, b, end):
                 m += 1
         n_res = m
     n_new = 0
-    for j in range(b.n_first):   # insertion sort of the new rows (few per step)
-        r = w.firsts[j]
-        if t.length[r] > 1:
+    for j in range(b.n_first + b.n_resumed):   # insertion sort of the new rows (few per step)
+        r = w.firsts[j] if j < b.n_first else w.resumed[j - b.n_first]
+        if not (t.finish_s[r] == t.finish_s[r]):
             c = n_new - 1
             while c >= 0 and w.scratch[c] > r:
                 w.scratch[c + 1] = w.scratch[c]
@@ -386,14 +389,15 @@ def _reorder(t, w, s, st, b, n_before):
             head, tail = _lru_remove(r, w.lru_prev, w.lru_next, head, tail)
             if running:
                 head, tail = _lru_append(r, w.lru_prev, w.lru_next, head, tail)
-    for j in range(b.n_first):
-        r = w.firsts[j]
+    n_new = b.n_first + b.n_resumed
+    for j in range(n_new):   # completed prompts, then resumed re-prefills
+        r = w.firsts[j] if j < b.n_first else w.resumed[j - b.n_first]
         if not (t.finish_s[r] == t.finish_s[r]):
             head, tail = _lru_append(r, w.lru_prev, w.lru_next, head, tail)
     st.lru_head, st.lru_tail = head, tail
     if s.keys_on == KEY_ROW:
         return
-    n_ord = n_before
+    n_ord = n_before - b.n_preempted   # the preempted left ord_rows when they were preempted
     # keys only fall, and only in the decoded prefix (all rows where the choice was not a prefix);
     # a policy whose keys may rise (CompiledForm.keys_rise) re-sorts every resident
     _policy_rekey_sort(t, w, s, st, n_ord if s.keys_rise else min(b.ord_dirty, n_ord))
@@ -405,8 +409,8 @@ def _reorder(t, w, s, st, b, n_before):
                 w.ord_rows[m], w.ord_keys[m] = r, w.ord_keys[i]
                 m += 1
         n_ord = m
-    for j in range(b.n_first):
-        r = w.firsts[j]
+    for j in range(n_new):
+        r = w.firsts[j] if j < b.n_first else w.resumed[j - b.n_first]
         if t.finish_s[r] == t.finish_s[r]:
             continue
         _ord_insert(w.ord_keys, w.ord_rows, n_ord, _decode_key(r, t, w, s, st), r)
@@ -437,5 +441,5 @@ def _python_due(t, w, s, st, b):
     return prefill or refresh or fb_due
 
 
-JITTED = ("_score_arrivals", "starving_row", "_starving", "_locked", "_rank", "_next_locked", "_choose_decodes",
+JITTED = ("_score_arrivals", "_choose_decodes", "_prefilled_row", "_completed",
           "_admit", "_prefill", "_compose", "_note_decodes", "_finish", "_land", "_retire", "_reorder", "_python_due")

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from simulator.kv_rule import blocks_for, spare
 from simulator.requests import RequestTable
 
 
@@ -36,7 +37,7 @@ class KVBlocks:
         return self.total - self.used
 
     def blocks(self, tokens: np.ndarray) -> np.ndarray:
-        return -(-tokens // self.size)
+        return blocks_for(tokens, self.size)
 
     def admissible(self, rows: np.ndarray) -> int:
         """How many of ``rows`` (in admission order) fit: each needs its whole prefill's blocks."""
@@ -66,6 +67,16 @@ class KVBlocks:
         if int(need.sum()) <= self.free:
             self._grant(chosen, need)
             return chosen[:0]
+        if not self.caches:   # the rule the compiled kernel runs too (simulator.kv_rule.spare)
+            ranked = ordered()
+            out = np.empty(len(ranked), dtype=np.int64)
+            n_gone, used = spare(ranked, len(chosen), t.prompt, t.generated, self.held, self.recompute, self.size,
+                                 self.used, self.total, out)
+            self.used = int(used)
+            for row in out[:n_gone].tolist():
+                self._requeue(row)
+            return out[:n_gone]
+        # prefix caching: a victim's blocks go back through the pool (PrefixKVBlocks.release)
         order: list[int] = ordered().tolist()
         gone: list[int] = []
         for r in order[:len(chosen)]:
@@ -90,15 +101,20 @@ class KVBlocks:
 
     def _preempt(self, row: int) -> None:
         """Free the row's blocks; its next prefill recomputes its prompt and generated tokens."""
-        t = self.table
         self.release(np.asarray([row]))
+        self.recompute[row] = True
+        self._requeue(row)
+
+    def _requeue(self, row: int) -> None:
+        """A row just preempted (its blocks freed): to the front of the re-queue, its next prefill
+        its prompt and generated tokens."""
+        t = self.table
         if t.fill is t.prompt:   # the first preemption of the run: rows get their own fill arrays
             t.fill, t.fill_sq = t.prompt.copy(), t.prompt_sq.copy()
         t.fill[row] = t.prompt[row] + t.generated[row]
         t.fill_sq[row] = t.fill[row] * t.fill[row]
         t.prefilled[row] = 0
         t.preemptions[row] += 1
-        self.recompute[row] = True
         self.requeued.append(row)
         self.preemptions += 1
 

@@ -53,7 +53,7 @@ def test_compiled_fleet_matches_reference(router, policy, predictor):
     if ROUTERS[router].reads == "predicted_work" and predictor == "none":
         pytest.skip("the router reads predicted work")
     if make_router(router).needs_kv:
-        pytest.skip("the router reads KV blocks, which only the reference engine models (test_fleet_cache_routers)")
+        pytest.skip("the router reads KV blocks: tests/test_compiled_fleet_kv.py (test_fleet_cache_routers)")
     result = replay_fleet(RunConfig(trace="sharegpt", policy=policy, predictor=predictor, replicas=3,
                                     router=router, load=1.3, requests=240))
     assert len(set(result.replica.tolist())) == 3
@@ -94,10 +94,11 @@ def test_compiled_fleet_matches_reference_on_random_fleets(n, replicas, gaps, ro
 
 
 def test_a_fleet_with_kv_blocks_falls_back_and_says_so(capsys):
-    """KV blocks are not compiled: such a fleet runs on the reference engine with the one-line note."""
+    """Prefix caching (on by default with KV blocks) is not compiled: such a fleet runs on the
+    reference engine with the one-line note naming it (without it: tests/test_compiled_fleet_kv.py)."""
     from simulator.compiled import note_fallback
     note_fallback.cache_clear()
     prepared = prepare(RunConfig(trace="sharegpt", replicas=2, router="least-requests", load=1.0, requests=60,
                                  engine_config=EngineConfig(kv_blocks=4096)))
     assert type(prepared.simulation) is FleetSimulation
-    assert "a fleet: KV blocks" in capsys.readouterr().err
+    assert "a fleet: prefix caching" in capsys.readouterr().err

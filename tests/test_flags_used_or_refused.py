@@ -51,5 +51,5 @@ def test_a_fleet_falls_back_with_one_note_when_its_capacity_is_measured(capsys):
     assert main(["--trace", TRACE, "--requests", "40", "--predictor", "none", "--replicas", "2",
                  "--kv-blocks", "400", "--json"]) == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("--kernel compiled:")]
-    assert notes == ["--kernel compiled: a fleet: KV blocks (--kv-blocks) are not compiled yet; "
-                     "uses the reference engine"], notes
+    assert notes == ["--kernel compiled: a fleet: prefix caching (on by default with --kv-blocks) is not compiled "
+                     "yet; --prefix-caching off runs compiled; uses the reference engine"], notes

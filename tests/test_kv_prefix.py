@@ -107,7 +107,8 @@ def test_three_requests_worked_out_by_hand(tmp_path, capsys):
                      "--kernel", "compiled", "--quiet", "--jobs", "1", "--out", str(out)]) == 0
         runs[mode] = (pq.read_table(out / "requests.parquet").to_pydict(),
                       json.loads((out / "summary.json").read_text()))
-    assert "KV blocks (--kv-blocks) are not compiled yet" in capsys.readouterr().err
+    err = capsys.readouterr().err   # prefix caching falls back, once; off runs compiled
+    assert err.count("prefix caching (on by default with --kv-blocks) is not compiled yet") == 1
     on, summary = runs["on"]
     assert on["admit_s"] == [0.0, 2.0, 2.0] and on["finish_s"] == [2.0, 4.0, 4.0]
     assert on["cached_tokens"] == [0, 4, 0] and summary["prefix_hit_rate"] == 0.2
