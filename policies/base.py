@@ -94,6 +94,14 @@ class Policy(ABC):
     needs_slo: ClassVar[bool] = False   # built from the run's SLOs (``--slo``): __init__ takes ``slos``
     # its admission keys read waiting rows' ``SchedulerView.cached`` (the scheduler then looks them up)
     reads_cached: bool = False
+    # the compiled kernel preempts in the decode order (policies.selection.victim_order's default);
+    # a class that declares its own ``victim_keys`` is declared False here when it is defined
+    kernel_victims: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "victim_keys" in cls.__dict__ and "kernel_victims" not in cls.__dict__:
+            cls.kernel_victims = False
 
     def reset(self, n: int) -> None:  # noqa: B027 -- optional hook: stateless policies keep the no-op
         """A new run of ``n`` rows starts: drop any state kept from the previous one (stateful

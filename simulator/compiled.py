@@ -98,6 +98,8 @@ def unsupported(sim) -> str | None:
         return f"policy {policy.name!r} is not compiled: {why} ({compiled} are)"
     if p is not None and not p.compiled:
         return f"predictor {p.name!r} is not compiled: {p.why_not.get('compiled', 'it declares so')}"
+    if sim.config.kv_bounded and not policy.kernel_victims:
+        return f"policy {policy.name!r} declares its own KV victim rule (victim_keys): the kernel's is the decode order"
     form = policy.compiled_form()
     if form is None:
         raise TypeError(f"policy {policy.name!r} declares compiled but its compiled_form() is None")

@@ -336,6 +336,26 @@ def test_the_victim_recipes_rule_orders_a_hand_example():
     assert toy.decode_keys(view, rows).tolist() == make_policy("countdown").decode_keys(view, rows).tolist()
 
 
+def test_a_policy_with_its_own_victim_rule_is_declared_off_the_kernel_with_kv_blocks():
+    """The kernel preempts in the decode order: the recipe's class is declared off it when defined,
+    and a KV-bound run of it names why it falls back, while countdown's runs compiled."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("numba")
+    from policies import make_policy
+    from simulator.compiled import unsupported
+    from simulator.profiles import make_profile
+
+    toy = victim_policy()()
+    assert toy.kernel_victims is False and make_policy("countdown").kernel_victims is True
+
+    def sim(policy, kv):
+        config = SimpleNamespace(kv_bounded=kv, caches_prefixes=False)
+        return SimpleNamespace(config=config, policy=policy, predictor=None, profile=make_profile("unit"))
+    assert "victim_keys" in unsupported(sim(toy, True))
+    assert unsupported(sim(toy, False)) is None and unsupported(sim(make_policy("countdown"), True)) is None
+
+
 def test_the_metric_recipes_figure_on_a_hand_example(monkeypatch):
     """Six requests at t=0 on the unit engine (every step 1 s), one resident at a time: the last one
     waits for the five before it, so the slowest first token is its, and the summary, the JSON and
