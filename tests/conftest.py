@@ -20,7 +20,8 @@ else:
     _hypothesis_settings.load_profile("leap-suite")
 
 
-pytest_plugins = ["term_unwinds"]   # TERM unwinds as Ctrl-C: fixtures stop their servers
+pytest_plugins = ["term_unwinds",   # TERM unwinds as Ctrl-C: fixtures stop their servers
+                  "either_half"]    # the files this process runs (scripts/pytest_two_halves.sh's queue)
 
 
 def pytest_collection_modifyitems(config, items):
