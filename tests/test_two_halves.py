@@ -46,7 +46,7 @@ def test_rest_a():
         assert Path(os.environ["WROTE"], "queued_a").exists(), "no queued test ran while this one waited"
 
 def test_rest_b():
-    assert os.environ.get("FAIL_REST") != "1"
+    assert os.environ.get("FAIL_REST") != "1" and "LEAP_TEST_SKIP" not in os.environ
 """
 
 
@@ -55,6 +55,7 @@ QUEUED = """import os
 from pathlib import Path
 
 def test_queued_a():
+    assert "LEAP_TEST_ONLY" not in os.environ   # a pytest this test started would run all its files
     Path(os.environ["WROTE"], "queued_a").write_text(str(os.getpid()))
 
 def test_queued_b():
