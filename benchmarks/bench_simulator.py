@@ -72,6 +72,9 @@ def main() -> int:
                          "1, 4, 16 and 64 replicas with --fleet-per-replica requests each (equal per-replica load)")
     ap.add_argument("--fleet-requests", type=int, default=100_000, metavar="N")
     ap.add_argument("--fleet-per-replica", type=int, default=2000, metavar="N")
+    ap.add_argument("--startup-cache", default=None, metavar="DIR",
+                    help="time the compiled kernel's start-up on numba cache DIR (default: an empty one, the "
+                         "first process compiles)")
     ap.add_argument("--scale-loads", default="1.0,0.8", metavar="X,X,...",
                     help="the loads of the --scale runs (default 1x, the critical load, and 0.8x)")
     args = ap.parse_args()
@@ -115,7 +118,7 @@ def bench(args, trace: str, trace_requests: int) -> int:
         started = time.process_time()
         timed_run(trace, "countdown", "oracle", 1.0, min(args.requests, 50), "compiled")
         print(f"  compiled kernel: {time.process_time() - started:.1f} CPU-s to compile or load here")
-        kernel_startup(trace)
+        kernel_startup(trace, args.startup_cache)
     for policy, predictor, load in ([(p, q, args.load) for p, q, _ in CASES[:2]] if args.load else CASES):
         rates: dict[str, list[float]] = {k: [] for k in kernels}
         steps, peaks, finish = 0, [], {}
@@ -349,10 +352,11 @@ def compiled_available() -> bool:
     return load_kernel() is not None
 
 
-def kernel_startup(trace: str) -> None:
+def kernel_startup(trace: str, given: str | None = None) -> None:
     """The compiled kernel's start-up in two fresh processes sharing one empty numba cache: the
     first compiles and writes the cache, the second loads it. CPU seconds of a 50-request run's
-    execution (the kernel's first call included; the run itself takes milliseconds)."""
+    execution (the kernel's first call included; the run itself takes milliseconds). With
+    ``given`` (--startup-cache) the two share that cache instead, and the line says so."""
     import os
     import subprocess
 
@@ -363,14 +367,18 @@ def kernel_startup(trace: str) -> None:
         "kernel='compiled'))\n"
         "t = time.process_time(); execute(p); print(time.process_time() - t)\n")
     seconds = []
-    with tempfile.TemporaryDirectory(prefix="bench-numba-") as numba_cache:
-        env = dict(os.environ, NUMBA_CACHE_DIR=numba_cache, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    with tempfile.TemporaryDirectory(prefix="bench-numba-") as empty:
+        env = dict(os.environ, NUMBA_CACHE_DIR=given or empty, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
         for _ in range(2):
             proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
             if proc.returncode != 0:
                 print(f"  compiled kernel start-up: failed ({proc.stderr.strip().splitlines()[-1:]})")
                 return
             seconds.append(float(proc.stdout.split()[-1]))
+    if given:
+        print(f"  compiled kernel start-up on the numba cache given (--startup-cache): first process "
+              f"{seconds[0]:.1f} CPU-s, second {seconds[1]:.2f} CPU-s")
+        return
     print(f"  compiled kernel start-up: first process {seconds[0]:.1f} CPU-s (compiles, writes numba's cache), "
           f"second {seconds[1]:.2f} CPU-s (loads it)")
 

@@ -9,6 +9,7 @@ import functools
 import hashlib
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -53,3 +54,22 @@ def compile_in_place(namespace: dict, names, source_file: str) -> bool:
     finally:
         numba.config.CACHE_DIR = saved
     return True
+
+
+@contextmanager
+def compile_lock(folder: str):
+    """Held while a process compiles (or loads from numba's cache) the functions cached in
+    ``folder``: processes that start together (a sweep's pool workers) compile each kernel once,
+    the others wait and then load it from the cache. No lock where the folder cannot be made or
+    the platform has no ``fcntl`` (each process compiles, as numba alone does)."""
+    try:
+        import fcntl
+
+        os.makedirs(folder, exist_ok=True)
+        handle = open(os.path.join(folder, ".compile.lock"), "a")
+    except (ImportError, OSError):
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)   # released when the file closes (or the process dies)
+        yield

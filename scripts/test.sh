@@ -34,7 +34,8 @@ ruff_done=$(date +%s)
 echo "test.sh: ruff clean in $(( ruff_done - lint_start )) s, mypy in $(( $(date +%s) - ruff_done )) s"
 tests_start=$(date +%s)
 status=0
-# two pytest processes, one per core: the engine tests and the rest (scripts/pytest_two_halves.sh)
+# two pytest processes, one per core: the engine tests and the rest, and a queue of slow files that
+# whichever ends first takes (scripts/pytest_two_halves.sh, tests/either_half.txt)
 bash scripts/pytest_two_halves.sh "$VENV/bin/python" "$@" || status=$?
 echo "test.sh: tests ran in $(( $(date +%s) - tests_start )) s; $(( $(date +%s) - start )) s in all"
 exit "$status"

@@ -48,7 +48,7 @@ import numpy as np
 from policies.rule import params_array
 from predictors.base import Known
 from simulator.compiled_log import fill_step_log, no_log, with_room
-from simulator.kernel import DEFAULT_RULE, announce_compile, load_kernel
+from simulator.kernel import DEFAULT_RULE, announce_compile, first_call, load_kernel
 from simulator.kernel_estimates import C_CPU_PER_PREDICTION, C_CPU_SPENT, C_TAP_FRACTION, load_publishing_kernel
 from simulator.kernel_kv import kv_arrays, kv_fill
 from simulator.kernel_layout import (
@@ -267,10 +267,10 @@ class CompiledRun:
             return advance_online(self, max_steps, self.online)
         if self.publishing is None:
             announce_compile()   # once: the first call compiles unless numba's cache holds it
-            return int(load_kernel(self.rule)(max_steps, *self.kernel_args))
+            return int(first_call(load_kernel(self.rule), self.rule, max_steps, *self.kernel_args))
         estimates, cost = self.publishing
         cost[C_CPU_SPENT] = self.driver.cpu_s
-        done = load_publishing_kernel()(max_steps, estimates, cost, *self.kernel_args)
+        done = first_call(load_publishing_kernel(), DEFAULT_RULE, max_steps, estimates, cost, *self.kernel_args)
         self.driver.cpu_s = float(cost[C_CPU_SPENT])
         return int(done)
 

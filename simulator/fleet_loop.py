@@ -284,9 +284,13 @@ def prepare_loop(fleet):
     the arguments: done before the run's clock starts, as the replicas' kernels are."""
     import numba
 
+    from core.jit import compile_lock
+    from simulator.kernel import numba_cache_folder
+
     loop = load_loop(fleet.runs[0].rule, rule_name(fleet.router))
     args = loop_args(fleet)
-    loop.compile(tuple(numba.typeof(a) for a in args))
+    with compile_lock(numba_cache_folder(fleet.runs[0].rule)):   # one compile among processes starting together
+        loop.compile(tuple(numba.typeof(a) for a in args))
     return loop, args
 
 

@@ -284,6 +284,19 @@ def load_kernel(rule: str = DEFAULT_RULE):
         numba.config.CACHE_DIR = saved
 
 
+def first_call(fn, rule: str, *args):
+    """``fn(*args)`` for a kernel (or a wrapper around it) of policy rule ``rule``; its first call in a
+    process, where numba compiles it or loads it from the cache, holds the lock of the rule's cache
+    folder (:func:`core.jit.compile_lock`), so that a sweep's workers starting together on an empty
+    cache compile it once: the first compiles, the others wait and then load it."""
+    if getattr(fn, "signatures", True):   # compiled in this process already (or plain Python)
+        return fn(*args)
+    from core.jit import compile_lock
+
+    with compile_lock(numba_cache_folder(rule)):
+        return fn(*args)
+
+
 def _own(fn, spaces: dict, in_place: bool, tag: str):
     """``fn`` (its plain Python) as the kernel ``tag`` compiles it: itself when jitted in place (the
     default rule's kernel); else a copy reading its globals from its kernel module's ``spaces`` entry

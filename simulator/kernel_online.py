@@ -90,10 +90,11 @@ def load_online_kernel():
 def advance_online(run, max_steps: int, online: tuple) -> int:
     """CompiledRun.advance with the prefill estimates made in the kernel (the driver's CPU seconds
     carried through ``cost`` as for fixed estimates)."""
+    from simulator.kernel import DEFAULT_RULE, first_call
     from simulator.kernel_estimates import C_CPU_SPENT
 
     cost = online[1]
     cost[C_CPU_SPENT] = run.driver.cpu_s
-    done = load_online_kernel()(max_steps, *online, *run.kernel_args)
+    done = first_call(load_online_kernel(), DEFAULT_RULE, max_steps, *online, *run.kernel_args)
     run.driver.cpu_s = float(cost[C_CPU_SPENT])
     return int(done)

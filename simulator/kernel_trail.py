@@ -168,6 +168,8 @@ def wrapper_cache_folder(*modules: str) -> str:
 
 def advance_trail(run, max_steps: int, trail: tuple) -> int:
     """CompiledRun.advance with TRAIL driven in the kernel."""
+    from simulator.kernel import DEFAULT_RULE, first_call
+
     arrays, charges = trail
-    return int(load_trail_kernel()(max_steps, arrays, charges, *run.kernel_args))
+    return int(first_call(load_trail_kernel(), DEFAULT_RULE, max_steps, arrays, charges, *run.kernel_args))
 

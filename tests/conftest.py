@@ -20,7 +20,8 @@ else:
     _hypothesis_settings.load_profile("leap-suite")
 
 
-pytest_plugins = ["term_unwinds"]   # TERM unwinds as Ctrl-C: fixtures stop their servers
+pytest_plugins = ["term_unwinds",   # TERM unwinds as Ctrl-C: fixtures stop their servers
+                  "either_half"]    # the files this process runs (scripts/pytest_two_halves.sh's queue)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -70,7 +71,8 @@ def pytest_runtest_protocol(item, nextitem):
 def _one_kernel_cache(tmp_path_factory):
     """One numba cache of the compiled kernel for the session, inherited by the subprocesses the tests
     start: the kernel runs by default, and a test that gives a run its own ``LEAP_CACHE_DIR`` would
-    otherwise compile it again (~20 CPU-s a process). A cache the caller set is kept."""
+    otherwise compile it again (~20 CPU-s a process). A cache the caller set is kept (the test
+    command sets one for all its pytest processes: scripts/pytest_two_halves.sh)."""
     if "NUMBA_CACHE_DIR" in os.environ:
         yield
         return

@@ -49,8 +49,10 @@ def test_bench_simulator_runs(tmp_path):
     trace = trace_from_arrays("tiny", [20] * 40, list(range(2, 42)))
     path = tmp_path / "tiny.parquet"
     pq.write_table(trace.table.replace_schema_metadata(trace_metadata()), path)
+    # the start-up on the suite's numba cache: an empty one would compile the kernel once more (~60 CPU-s)
+    warm = ["--startup-cache", os.environ["NUMBA_CACHE_DIR"]] if os.environ.get("NUMBA_CACHE_DIR") else []
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_simulator.py"), "--trace", str(path),
-                           "--requests", "150", "--repeat", "1", "--scale", "300,600"], capture_output=True,
+                           "--requests", "150", "--repeat", "1", "--scale", "300,600", *warm], capture_output=True,
                           text=True, env=bench_env(tmp_path), cwd=tmp_path, timeout=scaled(600))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "150 requests (tiled from 40)" in proc.stdout

@@ -19,6 +19,8 @@ Bounded to about a minute on two cores, by one rule each, all in this file:
 - ``python3 -m venv`` and ``pip install`` steps joined by ``&&`` are not run (network); the extras
   they name must exist in pyproject.toml, and the rest of the line runs.
 - a command naming ``../shared`` skips, saying so, where the data folder is absent.
+- a command given in several places (the same text once bounded) runs once; each place's test reads
+  that run's result.
 """
 
 from __future__ import annotations
@@ -175,19 +177,21 @@ def ran(tmp_path_factory) -> dict[str, subprocess.CompletedProcess | str]:
     if has_data:   # the scripts resolve their checkout past the links: name the data folder
         env["LEAP_DATA_DIR"] = str(checkout.parent / "shared" / "data")
     results: dict[str, subprocess.CompletedProcess | str] = {}
-    todo = []
+    where_run: dict[str, list[str]] = {}   # a command the docs give in several places runs once
     for where, command, variables in COMMANDS:
         reason, command = _plan(where, command, variables, has_data)
         if reason:
             results[where] = reason
         else:
-            todo.append((where, command))
+            where_run.setdefault(command, []).append(where)
 
-    def run(item: tuple[str, str]) -> None:
-        where, command = item
-        results[where] = subprocess.run(["bash", "-c", command], cwd=checkout, env=env, capture_output=True,
-                                        text=True, timeout=scaled(600))
+    def run(command: str) -> None:
+        done = subprocess.run(["bash", "-c", command], cwd=checkout, env=env, capture_output=True, text=True,
+                              timeout=scaled(600))
+        for where in where_run[command]:
+            results[where] = done
 
+    todo = list(where_run)
     if todo:   # the first alone: a cold numba cache compiles the kernel once, not in two processes at once
         run(todo[0])
     with ThreadPoolExecutor(max_workers=2) as pool:

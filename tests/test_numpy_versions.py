@@ -1,7 +1,6 @@
 """Byte-identical across numpy releases: scripts/check_numpy_versions.py builds a venv with the other
-of numpy 2.3.5 / 2.4 (PyPI) and compares a reduced leap-report byte for byte. About 3 CPU-minutes
-(17.7 min wall measured on two cores shared at load average 15); skipped, with the reason, where no
-package index is reachable."""
+of numpy 2.3.5 / 2.4 (PyPI) and compares a reduced leap-report byte for byte. About 70 CPU-s
+(the script's docstring); skipped, with the reason, where no package index is reachable."""
 
 from __future__ import annotations
 

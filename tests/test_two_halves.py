@@ -1,11 +1,13 @@
 """scripts/pytest_two_halves.sh (the test command's runner, scripts/test.sh): the engine tests (marker
 ``capture``) and the rest run as two pytest processes side by side; every test runs in exactly one
-half, a failure in either half fails the command, and the arguments reach both halves. Checked on a
-tiny suite of its own (a temporary folder with its own pytest.ini)."""
+half, a failure in either half fails the command, and the arguments reach both halves; the shared
+queue's lines (tests/either_half.txt) each run once, in whichever half ends its own tests first.
+Checked on a tiny suite of its own (a temporary folder with its own pytest.ini and queue)."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +18,7 @@ import pytest
 from core.patience import scaled
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pytest_two_halves.sh"
+TESTS = Path(__file__).resolve().parent
 
 INI = """[pytest]
 markers =
@@ -31,17 +34,44 @@ def test_engine_a():
 def test_engine_b():
     assert os.environ.get("FAIL_ENGINE") != "1"
 """
-REST = """import os
+REST = """import os, time
+from pathlib import Path
 
 def test_rest_a():
     print("ran rest_a in", os.getpid())
+    if os.environ.get("WAIT_FOR_QUEUE"):   # busy until the queue's first test has run elsewhere
+        deadline = time.monotonic() + float(os.environ.get("WAIT_S", "60"))
+        while not Path(os.environ["WROTE"], "queued_a").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert Path(os.environ["WROTE"], "queued_a").exists(), "no queued test ran while this one waited"
 
 def test_rest_b():
-    assert os.environ.get("FAIL_REST") != "1"
+    assert os.environ.get("FAIL_REST") != "1" and "LEAP_TEST_SKIP" not in os.environ
+"""
+
+
+#: the queue's files: each test writes a file when it runs (WROTE names the folder)
+QUEUED = """import os
+from pathlib import Path
+
+def test_queued_a():
+    assert "LEAP_TEST_ONLY" not in os.environ   # a pytest this test started would run all its files
+    Path(os.environ["WROTE"], "queued_a").write_text(str(os.getpid()))
+
+def test_queued_b():
+    assert os.environ.get("FAIL_QUEUED") != "1"
+"""
+MORE = """def test_more_a():
+    pass
+"""
+QUEUE = """# a comment line
+test_queued.py   # the first line
+test_more.py
 """
 
 
 def _run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    env = {"WROTE": str(tmp_path), "WAIT_S": str(scaled(60)), "PYTHONPATH": str(TESTS), "LEAP_EITHER_HALF": str(tmp_path / "queue.txt"), **env}
     return subprocess.run(["bash", str(SCRIPT), sys.executable, *args], cwd=tmp_path, capture_output=True,
                           text=True, env={**os.environ, **env}, timeout=scaled(300))
 
@@ -49,9 +79,26 @@ def _run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
 @pytest.fixture
 def suite(tmp_path: Path) -> Path:
     (tmp_path / "pytest.ini").write_text(INI)
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["either_half"]\n')   # as tests/conftest.py
     (tmp_path / "test_engine.py").write_text(ENGINE)
     (tmp_path / "test_rest.py").write_text(REST)
     return tmp_path
+
+
+@pytest.fixture
+def queued_suite(suite: Path) -> Path:
+    (suite / "test_queued.py").write_text(QUEUED)
+    (suite / "test_more.py").write_text(MORE)
+    (suite / "queue.txt").write_text(QUEUE)
+    return suite
+
+
+def test_the_queue_names_existing_files_once():
+    """tests/either_half.txt: each line's files exist; a file named twice would run twice."""
+    lines = (line.split("#", 1)[0].split() for line in (TESTS / "either_half.txt").read_text().splitlines())
+    files = [name for line in lines for name in line]
+    assert files and len(files) == len(set(files)), files
+    assert all((TESTS / name).is_file() and name.startswith("test_") for name in files), files
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -71,6 +118,27 @@ def test_each_test_runs_once_in_its_half_and_a_failure_in_either_half_fails(suit
     assert one.returncode == 0 and "PASSED test_engine.py::test_engine_a" in one.stdout, one.stdout
     assert "PASSED test_rest.py::test_rest_a" in one.stdout and "test_rest_b" not in one.stdout, one.stdout
     assert _run(suite, "-k", "no_such_test").returncode == 5
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_each_queue_line_runs_once_and_the_engine_half_takes_lines_when_the_rest_is_busy(queued_suite):
+    """The rest half's own test waits until a queued test has run: only the engine half, done with
+    its own tests, can have run it. Every test runs once; a failing queued test fails the command."""
+    ok = _run(queued_suite, "-rA", WAIT_FOR_QUEUE="1")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    for name in ("engine_a", "engine_b", "rest_a", "rest_b", "queued_a", "queued_b", "more_a"):
+        assert len(re.findall(rf"PASSED test_\w+\.py::test_{name}\b", ok.stdout)) == 1, (name, ok.stdout)
+    assert re.search(r"the engine half ran queue line 1 \(test_queued\.py\) in \d+ s \(exit 0\)", ok.stdout), ok.stdout
+    assert len(re.findall(r"half ran queue line 2 \(test_more\.py\)", ok.stdout)) == 1, ok.stdout
+    assert len(re.findall(r"half ran queue line", ok.stdout)) == 2, ok.stdout
+    bad = _run(queued_suite, FAIL_QUEUED="1")
+    assert bad.returncode == 1, bad.stdout
+    # the arguments reach the queue's processes too; nothing selected anywhere is still pytest's 5
+    one = _run(queued_suite, "-k", "queued_b or rest_b", "-rA")
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert re.findall(r"PASSED \S+", one.stdout) == ["PASSED test_rest.py::test_rest_b",
+                                                     "PASSED test_queued.py::test_queued_b"], one.stdout
+    assert _run(queued_suite, "-k", "no_such_test").returncode == 5
 
 
 SLEEPER = """import os, time, pytest
