@@ -322,9 +322,9 @@ def test_countdown_rule_floors_fractional_remaining_lengths():
 
 
 def test_kernel_trail_lock_boundary():
-    """kernel_steps._locked (policies.trail_preemption.locked_row, both kernels' test): decoded in the
+    """kernel_rank._locked (policies.trail_preemption.locked_row, both kernels' test): decoded in the
     previous step and generated strictly past c x its first estimate."""
-    from simulator.kernel_steps import _locked
+    from simulator.kernel_rank import _locked
 
     first = np.array([10.0, 10.0, 10.0, 10.0, 7.5])
     generated = np.array([8, 9, 9, 20, 6])
