@@ -112,18 +112,7 @@ def check_column(table: pa.Table, meta: dict, where: str) -> None:
     native = meta.get(META_KEY)
     if isinstance(native, bool) or not isinstance(native, int) or native < 1:
         raise TraceError(f"{where}: column {COLUMN} needs metadata {META_KEY} (a positive integer), found {native!r}")
-    dtype = table.schema.field(COLUMN).type
-    if not (pa.types.is_list(dtype) or pa.types.is_large_list(dtype)) or not pa.types.is_integer(dtype.value_type):
-        raise TraceError(f"{where}: column {COLUMN}: expected list<int64>, found {dtype}")
-    col = table.column(COLUMN).combine_chunks()
-    if col.null_count:
-        row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
-        raise TraceError(f"{where}: column {COLUMN}: row {row}: null (an empty list names no blocks)")
-    offsets = col.offsets.to_numpy().astype(np.int64)
-    values = col.flatten().to_numpy().astype(np.int64)
-    if (values < 0).any():
-        row = int(np.searchsorted(offsets, int(np.flatnonzero(values < 0)[0]), side="right") - 1)
-        raise TraceError(f"{where}: column {COLUMN}: row {row}: a negative hash")
+    offsets = _hash_lists(table, COLUMN, where)
     _check_outputs(table, where)
     prompt = table.column("prompt_tokens").to_numpy().astype(np.int64)
     over = np.diff(offsets) > -(-prompt // native)
@@ -185,16 +174,21 @@ def own_keys(row: int, start: int, stop: int) -> np.ndarray:
 
 def _check_outputs(table: pa.Table, where: str) -> None:
     """``output_hashes`` (beside ``prefix_hashes``): list<int64> of non-negative hashes, no nulls."""
-    if OUTPUT_COLUMN not in table.column_names:
-        return
-    dtype = table.schema.field(OUTPUT_COLUMN).type
+    if OUTPUT_COLUMN in table.column_names:
+        _hash_lists(table, OUTPUT_COLUMN, where)
+
+
+def _hash_lists(table: pa.Table, column: str, where: str) -> np.ndarray:
+    """Check that ``column`` is list<int> of non-negative hashes without nulls; its list offsets."""
+    dtype = table.schema.field(column).type
     if not (pa.types.is_list(dtype) or pa.types.is_large_list(dtype)) or not pa.types.is_integer(dtype.value_type):
-        raise TraceError(f"{where}: column {OUTPUT_COLUMN}: expected list<int64>, found {dtype}")
-    col = table.column(OUTPUT_COLUMN).combine_chunks()
+        raise TraceError(f"{where}: column {column}: expected list<int64>, found {dtype}")
+    col = table.column(column).combine_chunks()
     if col.null_count:
         row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
-        raise TraceError(f"{where}: column {OUTPUT_COLUMN}: row {row}: null (an empty list names no blocks)")
+        raise TraceError(f"{where}: column {column}: row {row}: null (an empty list names no blocks)")
     offsets, values = col.offsets.to_numpy().astype(np.int64), col.flatten().to_numpy().astype(np.int64)
     if (values < 0).any():
         row = int(np.searchsorted(offsets, int(np.flatnonzero(values < 0)[0]), side="right") - 1)
-        raise TraceError(f"{where}: column {OUTPUT_COLUMN}: row {row}: a negative hash")
+        raise TraceError(f"{where}: column {column}: row {row}: a negative hash")
+    return offsets

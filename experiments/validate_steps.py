@@ -94,22 +94,10 @@ def compare_steps(trace: Trace, result: RunResult) -> dict:
          "sim_finish_step": int(sim["finish_step"][i]), "live_admit_step": int(live["admit_step"][i]),
          "sim_admit_step": int(sim["admit_step"][i])} for i in bad.tolist()]
     out["first_divergence_step"] = _first_divergence(live, sim)
-    if "preemptions" in trace.table.column_names:   # a bound KV cache (leap-serve --kv-blocks)
-        live_pre = trace.table.column("preemptions").to_numpy(zero_copy_only=False).astype(np.int64)
-        sim_pre = (np.zeros(len(ids), dtype=np.int64) if result.preemptions is None
-                   else np.asarray(result.preemptions, dtype=np.int64)[order])
-        out["preemptions_match_share"] = float(np.mean(live_pre == sim_pre)) if len(ids) else 1.0
-        out["preemptions_live"], out["preemptions_sim"] = int(live_pre.sum()), int(sim_pre.sum())
-        for m, i in zip(out["finish_step_mismatches"], bad.tolist()):
-            m["live_preemptions"], m["sim_preemptions"] = int(live_pre[i]), int(sim_pre[i])
-    if "cached_tokens" in trace.table.column_names:   # vLLM's prefix caching on: each request's hit, vLLM's own
-        live_hit = trace.table.column("cached_tokens").to_numpy(zero_copy_only=False).astype(np.int64)
-        sim_hit = (np.zeros(len(ids), dtype=np.int64) if result.cached_tokens is None
-                   else np.asarray(result.cached_tokens, dtype=np.int64)[order])
-        out["cached_tokens_match_share"] = float(np.mean(live_hit == sim_hit)) if len(ids) else 1.0
-        out["cached_tokens_live"], out["cached_tokens_sim"] = int(live_hit.sum()), int(sim_hit.sum())
-        for m, i in zip(out["finish_step_mismatches"], bad.tolist()):
-            m["live_cached_tokens"], m["sim_cached_tokens"] = int(live_hit[i]), int(sim_hit[i])
+    # a bound KV cache (leap-serve --kv-blocks); vLLM's prefix caching on: each request's hit, vLLM's own
+    for column, simulated in (("preemptions", result.preemptions), ("cached_tokens", result.cached_tokens)):
+        if column in trace.table.column_names:
+            _compare_counts(out, column, trace.table.column(column), simulated, order, bad)
     if "replica" in trace.table.column_names:   # a live fleet: the replica each request was routed to
         live_replica = trace.table.column("replica").to_numpy(zero_copy_only=False).astype(np.int64)
         sim_replica = np.asarray(result.replica)[order]
@@ -125,6 +113,18 @@ def compare_steps(trace: Trace, result: RunResult) -> dict:
         for m, i in zip(out["finish_step_mismatches"], bad.tolist()):
             m["live_first_estimate"], m["sim_first_estimate"] = _num(live_est[i]), _num(sim_est[i])
     return out
+
+
+def _compare_counts(out: dict, column: str, live_column, simulated, order: np.ndarray, bad: np.ndarray) -> None:
+    """A per-request count the live run recorded (``column``) against the replay's: the share equal, the
+    sums, and each finish-step mismatch's pair."""
+    live = live_column.to_numpy(zero_copy_only=False).astype(np.int64)
+    sim = (np.zeros(len(live), dtype=np.int64) if simulated is None
+           else np.asarray(simulated, dtype=np.int64)[order])
+    out[f"{column}_match_share"] = float(np.mean(live == sim)) if len(live) else 1.0
+    out[f"{column}_live"], out[f"{column}_sim"] = int(live.sum()), int(sim.sum())
+    for m, i in zip(out["finish_step_mismatches"], bad.tolist()):
+        m[f"live_{column}"], m[f"sim_{column}"] = int(live[i]), int(sim[i])
 
 
 def _num(value: float) -> float | None:
