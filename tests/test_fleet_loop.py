@@ -93,21 +93,31 @@ def _assert_same(fleets, results):
     assert repr(results[0].balance_max_over_mean) == repr(results[1].balance_max_over_mean)
 
 
-@needs_numba
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(1, 40), replicas=st.integers(1, 5), gaps=st.lists(st.sampled_from([0, 0, 0.5, 1, 2]),
-                                                                       min_size=40, max_size=40),
-       lengths=st.lists(st.integers(1, 9), min_size=40, max_size=40), router=st.sampled_from(COMPILED_ROUTERS),
-       policy=st.sampled_from(POLICIES), predictor=st.sampled_from(PREDICTORS), seed=st.integers(0, 5))
-def test_loop_matches_reference_on_the_unit_engine(n, replicas, gaps, lengths, router, policy, predictor, seed):
-    """Arrivals on a half-second grid with bursts on the unit engine (every step 1.0 s): steps end
-    exactly at arrival instants, where a step's landing comes before the routing, also a step held
-    over an earlier arrival (one at its middle)."""
+#: random unit-engine fleets: arrivals on a half-second grid with bursts, short outputs
+UNIT_FLEETS = dict(
+    n=st.integers(1, 40), replicas=st.integers(1, 5),
+    gaps=st.lists(st.sampled_from([0, 0, 0.5, 1, 2]), min_size=40, max_size=40),
+    lengths=st.lists(st.integers(1, 9), min_size=40, max_size=40), router=st.sampled_from(COMPILED_ROUTERS),
+    policy=st.sampled_from(POLICIES), predictor=st.sampled_from(PREDICTORS), seed=st.integers(0, 5))
+
+
+def unit_fleet(n, replicas, gaps, lengths, router, policy, predictor, seed):
+    """One of UNIT_FLEETS on both fleets (a router reading predicted work gets the oracle, not none)."""
     if ROUTERS[router].reads == "predicted_work" and predictor == "none":
         predictor = "oracle"
     trace = trace_from_arrays("toy", np.full(n, 4), np.array(lengths[:n]))
     config = EngineConfig(max_resident=3, decode_slots=2, prefill_token_budget=64, wait_cap=2)
-    _assert_same(*_pair(trace, np.cumsum(gaps[:n]), router, policy, predictor, replicas, seed, UnitProfile(), config))
+    return _pair(trace, np.cumsum(gaps[:n]), router, policy, predictor, replicas, seed, UnitProfile(), config)
+
+
+@needs_numba
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**UNIT_FLEETS)
+def test_loop_matches_reference_on_the_unit_engine(n, replicas, gaps, lengths, router, policy, predictor, seed):
+    """Arrivals on a half-second grid with bursts on the unit engine (every step 1.0 s): steps end
+    exactly at arrival instants, where a step's landing comes before the routing, also a step held
+    over an earlier arrival (one at its middle)."""
+    _assert_same(*unit_fleet(n, replicas, gaps, lengths, router, policy, predictor, seed))
 
 
 @needs_numba

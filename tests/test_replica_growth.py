@@ -10,17 +10,14 @@ from unittest import mock
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from core.trace import load_trace, trace_from_arrays
-from routers import ROUTERS
 from routers.snapshot import ReplicaAccounting
 from simulator.config import EngineConfig
 from simulator.profiles import make_profile
-from simulator.profiles.unit import UnitProfile
 from simulator.replica_growth import ROW_COLUMNS, first_capacity, next_capacity
 from simulator.replica_table import AccountedTable
-from tests.test_fleet_loop import COMPILED_ROUTERS, POLICIES, PREDICTORS, _assert_same, _pair
+from tests.test_fleet_loop import UNIT_FLEETS, _assert_same, _pair, unit_fleet
 
 needs_numba = pytest.mark.skipif(importlib.util.find_spec("numba") is None,
                                  reason="numba is not installed (extra `fast`): the compiled kernel falls back")
@@ -55,19 +52,11 @@ def _one_row_tables():
 
 @needs_numba
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(1, 40), replicas=st.integers(1, 5), gaps=st.lists(st.sampled_from([0, 0, 0.5, 1, 2]),
-                                                                       min_size=40, max_size=40),
-       lengths=st.lists(st.integers(1, 9), min_size=40, max_size=40), router=st.sampled_from(COMPILED_ROUTERS),
-       policy=st.sampled_from(POLICIES), predictor=st.sampled_from(PREDICTORS), seed=st.integers(0, 5))
+@given(**UNIT_FLEETS)
 def test_grown_tables_give_the_reference_bytes_in_the_loop(n, replicas, gaps, lengths, router, policy, predictor,
                                                            seed):
-    if ROUTERS[router].reads == "predicted_work" and predictor == "none":
-        predictor = "oracle"
-    trace = trace_from_arrays("toy", np.full(n, 4), np.array(lengths[:n]))
-    config = EngineConfig(max_resident=3, decode_slots=2, prefill_token_budget=64, wait_cap=2)
     with _one_row_tables():
-        fleets, results = _pair(trace, np.cumsum(gaps[:n]), router, policy, predictor, replicas, seed, UnitProfile(),
-                                config)
+        fleets, results = unit_fleet(n, replicas, gaps, lengths, router, policy, predictor, seed)
     _assert_same(fleets, results)
     assert all(r.routed <= r.parts.table.n <= max(n, 1) for r in fleets[1].fleet)
 
