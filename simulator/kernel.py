@@ -241,16 +241,19 @@ def load_kernel(rule: str = DEFAULT_RULE):
     """The jitted step function with policy rule ``rule`` (a module of ``policies/rule.py``'s form)
     compiled in, or None without numba. Imported on first use, so reference runs never pay for
     numba. The default rule's kernel is jitted in place in every kernel module that calls its
-    helpers by name; another rule's kernel is made of copies of the same functions, each module's
-    globals a private copy in which its helpers and the rule are that kernel's (numba reads them
-    when it compiles), so kernels of several rules live in one process. Cached on disk by numba
+    helpers by name; another rule's kernel shares the helpers that never reach the rule
+    (:func:`rule_free`: compiled once, for every rule) and is made of copies of the rest, each
+    module's globals a private copy in which those helpers and the rule are that kernel's (numba
+    reads them when it compiles), so kernels of several rules live in one process. Cached on disk by numba
     (:func:`numba_cache_folder`, one folder per rule), so only the first process after a change
     compiles. The cache used to crash on reload: ``_pairwise`` was recursive, which numba cannot
     reload (numba#6061); it walks a stack now. Compiled without numba's reference counts
     (``_nrt=False``; the kernel allocates nothing): each read of an array from the named tuples
     would otherwise count a reference, which made the cut kernel 2x slower than the one-function one.
     The step's parts (:mod:`simulator.kernel_steps`, :mod:`simulator.kernel_policies`) are inlined
-    into the loop (``inline="always"``): called, each passes the named tuples' arrays as hundreds of scalar arguments (up to 1.2x slower)."""
+    into the loop by LLVM (``forceinline``): called, each passes the named tuples' arrays as hundreds of
+    scalar arguments (up to 1.2x slower); numba's own inlining (``inline="always"``) ran as fast but
+    copied each part's IR at every call site, a quarter of every kernel's compile."""
     try:
         import numba
     except ImportError:
@@ -258,13 +261,16 @@ def load_kernel(rule: str = DEFAULT_RULE):
     from policies.rule import compile_rules
 
     compile_rules(rule)   # the rule's functions compiled in place (its own cache)
+    in_place = rule == DEFAULT_RULE
+    if not in_place:
+        load_kernel(DEFAULT_RULE)   # the shared functions jitted in place (dispatchers: nothing compiles here)
     rule_module = importlib.import_module(rule)
     bindings = {"_rule_decode_key": rule_module.decode_key, "_rule_admission_key": rule_module.admission_key}
     modules = [importlib.import_module(m) for m in KERNEL_MODULES]
-    in_place = rule == DEFAULT_RULE
+    shared = rule_free(modules)
     spaces = {m.__name__: vars(m) if in_place else dict(vars(m)) for m in modules}
     jit = numba.njit(nogil=True, cache=True, _nrt=False)
-    inline = numba.njit(nogil=True, cache=True, _nrt=False, inline="always")
+    inline = numba.njit(nogil=True, cache=True, _nrt=False, forceinline=True)
     folder = numba_cache_folder(rule)
     tag = os.path.basename(folder).replace("-", "_")   # this kernel's names (_own)
     saved, numba.config.CACHE_DIR = numba.config.CACHE_DIR, folder   # read when jitted
@@ -274,7 +280,8 @@ def load_kernel(rule: str = DEFAULT_RULE):
         jitted = {}
         for m in modules:
             for name in m.JITTED:
-                jitted[name] = (inline if name in steps else jit)(_own(vars(m)[name], spaces, in_place, tag))
+                if in_place or name not in shared:
+                    jitted[name] = (inline if name in steps else jit)(_own(vars(m)[name], spaces, in_place, tag))
         for space in spaces.values():
             for name, fn in (*jitted.items(), *bindings.items()):
                 if name in space:
@@ -282,6 +289,39 @@ def load_kernel(rule: str = DEFAULT_RULE):
         return jit(_own(_run_steps, spaces, in_place, tag))
     finally:
         numba.config.CACHE_DIR = saved
+
+
+#: the names through which the kernel calls the policy's rule (bound by :func:`load_kernel`)
+RULE_BINDINGS = frozenset({"_rule_decode_key", "_rule_admission_key"})
+
+
+def rule_free(modules) -> frozenset[str]:
+    """The kernel functions (``JITTED`` names of ``modules``) whose calls never reach the policy's rule:
+    every rule's kernel shares them (the default kernel's, compiled once), and compiles its own copy of
+    the rest. Read from the code's names, so a new helper is placed without a list to keep."""
+    calls = {}
+    for m in modules:
+        for name in m.JITTED:
+            fn = getattr(vars(m)[name], "py_func", vars(m)[name])
+            calls[name] = _names(fn.__code__)
+    reaches = set(RULE_BINDINGS)
+    grew = True
+    while grew:
+        grew = False
+        for name, called in calls.items():
+            if name not in reaches and called & reaches:
+                reaches.add(name)
+                grew = True
+    return frozenset(calls.keys() - reaches)
+
+
+def _names(code: types.CodeType) -> set[str]:
+    """The global and attribute names ``code`` and the code nested in it read."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
 
 
 def first_call(fn, rule: str, *args):

@@ -93,17 +93,17 @@ def compare(names) -> None:
         print(name, "same" if same else "DIFFERS", flush=True)
 
 
-def _compiled_names(kernel) -> set[tuple[str, str]]:
+def _compiled_names(kernel) -> dict[tuple[str, str], int]:
     """(module, qualified name) of every kernel or policy-helper function the jitted ``kernel`` calls,
     found through the globals its plain Python reads (rule modules' own functions left out: one
-    body each, shared by every kernel)."""
+    body each, shared by every kernel), each with the id of its dispatcher."""
     from numba.core.registry import CPUDispatcher
 
     from simulator.kernel import KERNEL_MODULES, POLICY_SOURCES
 
     ours = set(KERNEL_MODULES) | set(POLICY_SOURCES)
     seen: set[int] = set()
-    names: set[tuple[str, str]] = set()
+    names: dict[tuple[str, str], int] = {}
     todo = [kernel]
     while todo:
         fn = todo.pop()
@@ -112,7 +112,7 @@ def _compiled_names(kernel) -> set[tuple[str, str]]:
         seen.add(id(fn))
         py = fn.py_func
         if py.__module__ in ours:
-            names.add((py.__module__, py.__qualname__))
+            names[py.__module__, py.__qualname__] = id(fn)
         todo.extend(v for k, v in py.__globals__.items() if isinstance(v, CPUDispatcher) and k in py.__code__.co_names)
     return names
 
@@ -120,15 +120,25 @@ def _compiled_names(kernel) -> set[tuple[str, str]]:
 @pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba is not installed")
 def test_no_two_rules_kernels_share_a_compiled_name():
     """numba names a compiled function by module, name, a per-process counter and types; with the
-    counter alike, only the name keeps two rules' helpers apart. Nothing is compiled here."""
-    from simulator.kernel import load_kernel
+    counter alike, only the name keeps two rules' helpers apart. Two kernels share a name only where
+    they share the function itself (one dispatcher, one body: a helper that never reaches the rule,
+    ``simulator.kernel.rule_free``), and every helper that reaches the rule is each kernel's own.
+    Nothing is compiled here."""
+    import importlib
+
+    from simulator.kernel import KERNEL_MODULES, load_kernel, rule_free
 
     kernels = {rule: _compiled_names(load_kernel(rule)) for rule in
                ("policies.countdown", "policies.mlfq", "policies.priority", "policies.boost")}
     assert all(len(names) > 20 for names in kernels.values())   # the walk reaches the helpers
     assert ("simulator.kernel_order", "_rekey_sort") in kernels["policies.countdown"]
+    free = rule_free([importlib.import_module(m) for m in KERNEL_MODULES])
+    assert "_rekey_sort" not in free and "_heap_push" in free
     for a, b in itertools.combinations(kernels, 2):
-        assert not kernels[a] & kernels[b], (a, b, sorted(kernels[a] & kernels[b])[:5])
+        both = kernels[a].keys() & kernels[b].keys()
+        assert all(kernels[a][k] == kernels[b][k] for k in both), (a, b, sorted(both)[:5])
+        kernel_own = {name for module, name in both if module in KERNEL_MODULES}   # policy files' helpers: by their own names
+        assert kernel_own <= free, (a, b, sorted(kernel_own - free)[:5])
 
 
 
