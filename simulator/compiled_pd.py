@@ -42,10 +42,10 @@ def pd_unsupported(config, policy, predictor, profile) -> str | None:
     if reason is not None:
         return reason
     if config.kv_bounded:
-        return "a P/D fleet with --kv-blocks (blocks reserved at transfer start) is not compiled yet"
+        return "--kv-blocks at its decode instances (blocks reserved at transfer start) is not compiled yet"
     if predictor is not None and (not predictor.static_estimates or predictor.learns_online):
-        return (f"a P/D fleet with predictor {predictor.name!r} is not compiled yet (only estimates fixed at "
-                "bind time: none, oracle, noisy-oracle)")
+        return (f"predictor {predictor.name!r} is not compiled there yet (estimates made in Python, learnt "
+                "from the decode instances; compiled: none and estimates fixed at bind time, the oracles)")
     carried = CarriedEstimate(predictor.output, None) if predictor is not None else None
     return fleet_unsupported(config, policy, carried, profile)
 

@@ -30,7 +30,8 @@ if importlib.util.find_spec("numba") is None:
 
 # 10 prompt tokens' KV cross this link in 0.5 s (tests/test_pd_fleet.py's hand link): on the grid
 GRID_GBPS = 0.02359296
-DECODE_ROUTERS = ("least-kv", "least-predicted-kv", "least-work", "oracle-kv", "oracle-work", "round-robin")
+DECODE_ROUTERS = ("least-kv", "least-predicted-kv", "least-work", "oracle-kv", "oracle-work", "least-requests",
+                  "power-of-two", "round-robin")
 STAGES = ("prefill_replica", "decode_replica", "prefill_done_s", "transfer_start_s", "transfer_end_s",
           "decode_placed_s")
 
@@ -117,8 +118,8 @@ def test_done_when_command_runs_compiled_with_the_reference_table(capsys):
 
 
 @pytest.mark.parametrize(("flags", "why"), [
-    (["--kv-blocks", "400", "--prefix-caching", "off"], "--kv-blocks (blocks reserved at transfer start)"),
-    (["--predictor", "leap-rls"], "predictor 'leap-rls' is not compiled yet"),
+    (["--kv-blocks", "400", "--prefix-caching", "off"], "--kv-blocks at its decode instances"),
+    (["--predictor", "leap-rls"], "predictor 'leap-rls' is not compiled there yet"),
 ])
 def test_pd_runs_the_kernel_cannot_replay_say_why(flags, why, capsys):
     """Reserved decode blocks and estimates made in Python fall back to the reference, with one note."""
