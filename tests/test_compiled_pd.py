@@ -59,7 +59,7 @@ def assert_same_pd(ref, comp) -> None:
     assert repr(ref.balance_max_over_mean) == repr(comp.balance_max_over_mean)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(1, 30), prefill=st.integers(1, 3), decode=st.integers(1, 3),
        gaps=st.lists(st.sampled_from([0, 0, 0.5, 1, 2]), min_size=30, max_size=30),
        lengths=st.lists(st.integers(1, 9), min_size=30, max_size=30),
