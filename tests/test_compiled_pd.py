@@ -5,7 +5,6 @@ done-when command's table on both kernels; and the P/D runs the kernel cannot re
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 
 import numpy as np
@@ -22,8 +21,9 @@ from simulator.config import EngineConfig
 from simulator.pd_fleet import PDFleet
 from simulator.pd_link import KVLink
 from simulator.profiles.unit import UnitProfile
-from simulator.runner import RunConfig, execute, prepare
+from simulator.runner import RunConfig
 from tests.test_compiled import assert_identical
+from tests.test_compiled_fleet import replay_kernels
 
 if importlib.util.find_spec("numba") is None:
     pytest.skip("numba is not installed (extra `fast`): the compiled kernel falls back", allow_module_level=True)
@@ -80,25 +80,13 @@ def test_compiled_pd_matches_reference_on_the_unit_engine(n, prefill, decode, ga
     assert_same_pd(ref, comp)
 
 
-def _replay(config: RunConfig):
-    """``config`` on both kernels through ``simulate``'s own path; the compiled one really compiled."""
-    from simulator.compiled_pd import CompiledPDFleet
-
-    runs = {}
-    for kernel in ("reference", "compiled"):
-        prepared = prepare(dataclasses.replace(config, kernel=kernel))
-        assert isinstance(prepared.simulation, CompiledPDFleet) == (kernel == "compiled")
-        summary, result = execute(prepared)
-        summary.pop("sim_cpu_s")
-        runs[kernel] = summary, result
-    assert repr(runs["reference"][0]) == repr(runs["compiled"][0])
-    assert_same_pd(runs["reference"][1], runs["compiled"][1])
-
-
 def test_compiled_pd_matches_reference_on_a_bundled_trace():
     """The default (roofline) engine on sharegpt: float instants, chunked prefill, the default link."""
-    _replay(RunConfig(trace="sharegpt", policy="countdown", predictor="oracle", prefill_replicas=2,
-                      decode_replicas=3, decode_router="least-predicted-kv", load=1.5, requests=150))
+    from simulator.compiled_pd import CompiledPDFleet
+
+    assert_same_pd(*replay_kernels(RunConfig(trace="sharegpt", policy="countdown", predictor="oracle", prefill_replicas=2,
+                                             decode_replicas=3, decode_router="least-predicted-kv", load=1.5,
+                                             requests=150), CompiledPDFleet))
 
 
 DONE_WHEN = ["--trace", "sharegpt", "--requests", "60", "--prefill-replicas", "2", "--decode-replicas", "3",
