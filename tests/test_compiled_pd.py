@@ -36,6 +36,11 @@ STAGES = ("prefill_replica", "decode_replica", "prefill_done_s", "transfer_start
           "decode_placed_s")
 
 
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
 def _both(workload, arrival, *, prefill, decode, decode_router, policy, predictor, link, config, router="round-robin"):
     """The reference and the compiled P/D fleet of these settings, run: (reference, compiled) results."""
     from simulator.compiled_pd import CompiledPDFleet
