@@ -38,16 +38,14 @@ from simulator.replica_table import replica_work
 
 def pd_unsupported(config, policy, predictor, profile) -> str | None:
     """Why the compiled kernel cannot replay a P/D fleet of these engines (None: it can)."""
-    reason = fleet_unsupported(config, policy, predictor, profile)
-    if reason is not None:
-        return reason
-    if config.kv_bounded:
-        return "--kv-blocks at its decode instances (blocks reserved at transfer start) is not compiled yet"
+    if config.kv_bounded:   # before the fleet's reasons: a P/D fleet turns prefix caching off itself
+        return "--kv-blocks at its decode instances is not compiled yet"
     if predictor is not None and (not predictor.static_estimates or predictor.learns_online):
-        return (f"predictor {predictor.name!r} is not compiled there yet (estimates made in Python, learnt "
-                "from the decode instances; compiled: none and estimates fixed at bind time, the oracles)")
-    carried = CarriedEstimate(predictor.output, None) if predictor is not None else None
-    return fleet_unsupported(config, policy, carried, profile)
+        return f"predictor {predictor.name!r} estimates in Python (compiled there: none, the oracles)"
+    reason = fleet_unsupported(config, policy, predictor, profile)
+    if reason is not None or predictor is None:
+        return reason
+    return fleet_unsupported(config, policy, CarriedEstimate(predictor.output, None), profile)
 
 
 class CarriedEstimate:

@@ -111,8 +111,8 @@ def test_done_when_command_runs_compiled_with_the_reference_table(capsys):
 
 
 @pytest.mark.parametrize(("flags", "why"), [
-    (["--kv-blocks", "400", "--prefix-caching", "off"], "--kv-blocks at its decode instances"),
-    (["--predictor", "leap-rls"], "predictor 'leap-rls' is not compiled there yet"),
+    (["--kv-blocks", "400"], "--kv-blocks at its decode instances"),
+    (["--predictor", "leap-rls"], "predictor 'leap-rls' estimates in Python"),
 ])
 def test_pd_runs_the_kernel_cannot_replay_say_why(flags, why, capsys):
     """Reserved decode blocks and estimates made in Python fall back to the reference, with one note."""
