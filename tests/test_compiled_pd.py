@@ -5,6 +5,7 @@ done-when command's table on both kernels; and the P/D runs the kernel cannot re
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.trace import trace_from_arrays
+from core.trace import load_trace, trace_from_arrays
 from experiments.cli import main
 from policies import make_policy
 from predictors import make_predictor
@@ -20,6 +21,7 @@ from routers import make_router
 from simulator.config import EngineConfig
 from simulator.pd_fleet import PDFleet
 from simulator.pd_link import KVLink
+from simulator.profiles import make_profile
 from simulator.profiles.unit import UnitProfile
 from simulator.runner import RunConfig
 from tests.test_compiled import assert_identical
@@ -41,7 +43,8 @@ def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
-def _both(workload, arrival, *, prefill, decode, decode_router, policy, predictor, link, config, router="round-robin"):
+def _both(workload, arrival, *, prefill, decode, decode_router, policy, predictor, link, config, router="round-robin",
+          profile=None):
     """The reference and the compiled P/D fleet of these settings, run: (reference, compiled) results."""
     from simulator.compiled_pd import CompiledPDFleet
 
@@ -51,7 +54,7 @@ def _both(workload, arrival, *, prefill, decode, decode_router, policy, predicto
                     decode_replicas=decode, router=make_router(router), decode_router=make_router(decode_router),
                     link=link, make_policy=lambda: make_policy(policy),
                     make_predictor=lambda: None if predictor == "none" else make_predictor(predictor),
-                    profile=UnitProfile(), config=config, charge_cost=False)
+                    profile=profile or UnitProfile(), config=config, charge_cost=False)
         results.append(fleet.run())
     return results
 
@@ -83,6 +86,33 @@ def test_compiled_pd_matches_reference_on_the_unit_engine(n, prefill, decode, ga
     ref, comp = _both(workload, np.cumsum(gaps[:n]), prefill=prefill, decode=decode, decode_router=decode_router,
                       policy=policy, predictor=predictor, link=KVLink(GRID_GBPS, latency_ms), config=config)
     assert_same_pd(ref, comp)
+
+
+@functools.cache
+def _lmsys():
+    """The lmsys trace and the default engine's profile fitted beside it (read once)."""
+    trace = load_trace("lmsys")
+    return trace, make_profile("qwen3-8b-h100", trace)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 50), prefill=st.integers(1, 3), decode=st.integers(1, 3),
+       gaps=st.lists(st.sampled_from([0.0, 0.01, 0.05, 0.3]), min_size=50, max_size=50),
+       link=st.sampled_from([KVLink(), KVLink(50.0, 5.0), KVLink(1.0, 0.0)]),
+       router=st.sampled_from(["round-robin", "least-requests", "least-work"]),
+       decode_router=st.sampled_from(DECODE_ROUTERS), policy=st.sampled_from(["fcfs", "countdown"]),
+       predictor=st.sampled_from(["none", "oracle", "noisy-oracle"]))
+def test_compiled_pd_matches_reference_on_a_fitted_profile(n, prefill, decode, gaps, link, router, decode_router,
+                                                           policy, predictor):
+    """Float instants with bursts on a fitted engine profile; slow and fast links."""
+    if predictor == "none" and ("work" in router or decode_router in ("least-predicted-kv", "least-work")
+                                or policy == "countdown"):
+        predictor = "oracle"
+    trace, profile = _lmsys()
+    config = EngineConfig(max_resident=6, decode_slots=3, prefill_token_budget=2048, wait_cap=4)
+    assert_same_pd(*_both(trace.take(np.arange(n)), np.cumsum(gaps[:n]), prefill=prefill, decode=decode,
+                          decode_router=decode_router, policy=policy, predictor=predictor, link=link, config=config,
+                          router=router, profile=profile))
 
 
 def test_compiled_pd_matches_reference_on_a_bundled_trace():
