@@ -26,12 +26,12 @@ import numpy as np
 import simpy
 
 from predictors.base import Known
-from routers.snapshot import FleetBalance, ReplicaAccounting, WorkSum, work_sum
+from routers.snapshot import WorkSum, work_sum
 from simulator.compiled import CompiledRun
 from simulator.compiled_fleet import CompiledFleet, _engine, fleet_unsupported, run_until
 from simulator.engine import RunResult
 from simulator.fleet import Replica
-from simulator.kernel_layout import PRED_STATIC, UNTIL
+from simulator.kernel_layout import UNTIL
 from simulator.pd_fleet import PDFleet
 from simulator.replica_table import replica_work
 
@@ -79,7 +79,7 @@ class CompiledPDFleet(PDFleet, CompiledFleet):
             raise RuntimeError("a PDFleet runs once (its predictors' online state is spent); build a new one")
         self._ran = True
         env = self.env = simpy.Environment()   # the drivers are built on it; nothing runs on it
-        self._start_prefill()
+        self._start_compiled(env)   # the prefill instances (CompiledFleet's)
         self._start_decode(env)
         started = time.process_time()
         self._walk()   # the prefill instances (CompiledFleet's walk over the arrivals)
@@ -98,34 +98,10 @@ class CompiledPDFleet(PDFleet, CompiledFleet):
             raise RuntimeError(f"P/D fleet simulation ended with {self.n - self.done} unfinished requests")
         return self._pd_result(sim_cpu_s)
 
-    def _start_prefill(self) -> None:
-        """The prefill side's state, as :meth:`CompiledFleet.run` makes it."""
-        self._start()
-        self.capacity = self._first_capacity()
-        self.chains = None
-        self.fleet = [self._replica(i, self.env) for i in range(self.replicas)]
-        self.room = 0
-        self.runs = [self._compiled(replica) for replica in self.fleet]
-        static = self.runs[0].mode == PRED_STATIC
-        self.fixed = (self.predictors[0].predict(np.arange(self.n), Known(arrived=0, finished=0)).astype(np.float64)
-                      if static else None)
-        self.recount = (self.router.reads == "predicted_work", True)
-
     def _start_decode(self, env: simpy.Environment) -> None:
-        """The decode side's state, as :meth:`PDFleet.run` makes it, and a kernel per decode instance."""
-        n, d = self.n, self.decode_replicas
-        self.decode_accounting = ReplicaAccounting(d, None)
-        self.decoders = [self._decoder(i, env) for i in range(d)]
+        """:meth:`PDFleet._start_decode`, and a kernel per decode instance."""
+        super()._start_decode(env)
         self.decode_runs = [self._decode_run(decoder) for decoder in self.decoders]
-        self.prefill_local = np.full(n, -1, dtype=np.int64)
-        self.decode_of = np.full(n, -1, dtype=np.int64)
-        self.transfer = np.full((n, 3), np.nan)
-        self.carried = np.zeros(n, dtype=np.float64)
-        self.queued: list[list[int]] = [[] for _ in self.decoders]
-        self.in_flight: list[list[int]] = [[] for _ in self.decoders]
-        self.wake: list[simpy.Event | None] = [None] * d
-        self.decode_balance = FleetBalance()
-        self.decode_router.reset(d, self.seed)
 
     def _decode_run(self, decoder: Replica) -> CompiledRun:
         table = decoder.parts.table
