@@ -26,6 +26,7 @@ from simulator.profiles.unit import UnitProfile
 from simulator.runner import RunConfig
 from tests.test_compiled import assert_identical
 from tests.test_compiled_fleet import replay_kernels
+from tests.test_fleet_cli import EXAMPLE
 
 if importlib.util.find_spec("numba") is None:
     pytest.skip("numba is not installed (extra `fast`): the compiled kernel falls back", allow_module_level=True)
@@ -141,16 +142,17 @@ def test_done_when_command_runs_compiled_with_the_reference_table(capsys):
 
 
 @pytest.mark.parametrize(("flags", "why"), [
-    (["--kv-blocks", "400"], "--kv-blocks at its decode instances"),
-    (["--predictor", "leap-rls"], "predictor 'leap-rls' estimates in Python"),
+    (["--trace", str(EXAMPLE), "--engine", "unit", "--arrivals", "recorded", "--kv-blocks", "400"],
+     "--kv-blocks at its decode instances"),
+    (["--trace", "sharegpt", "--requests", "20", "--load", "1", "--predictor", "leap-rls"],
+     "predictor 'leap-rls' estimates in Python"),
 ])
 def test_pd_runs_the_kernel_cannot_replay_say_why(flags, why, capsys):
     """Reserved decode blocks and estimates made in Python fall back to the reference, with one note."""
     from simulator.compiled import note_fallback
 
     note_fallback.cache_clear()
-    args = ["--trace", "sharegpt", "--requests", "20", "--prefill-replicas", "1", "--decode-replicas", "2",
-            "--load", "1", "--quiet", "--jobs", "1", "--kernel", "compiled", *flags]
+    args = ["--prefill-replicas", "1", "--decode-replicas", "2", "--quiet", "--jobs", "1", "--kernel", "compiled", *flags]
     assert main(args) == 0
     err = capsys.readouterr().err
     assert err.count("--kernel compiled: a P/D fleet:") == 1 and why in err
