@@ -60,18 +60,7 @@ class CompiledFleet(FleetSimulation):
         if self._ran:
             raise RuntimeError("a FleetSimulation runs once (its predictors' online state is spent); build a new one")
         self._ran = True
-        env = simpy.Environment()   # the replicas' drivers are built on it; nothing runs on it
-        self._start()
-        self.capacity = self._first_capacity()
-        self.chains: tuple | None = None   # the workload's prefix chains, read once for every table
-        self.fleet = [self._replica(i, env) for i in range(self.replicas)]
-        self.room = 0   # at most the fewest free rows of any replica's table (recounted when short)
-        self.runs = [self._compiled(replica) for replica in self.fleet]
-        static = self.runs[0].mode == PRED_STATIC
-        self.fixed = (self.predictors[0].predict(np.arange(self.n), Known(arrived=0, finished=0)).astype(np.float64)
-                      if static else None)
-        reads = self.router.reads
-        self.recount = (reads == "predicted_work", True)   # (predicted, true) work: the balance reads true work
+        self._start_compiled(simpy.Environment())   # the replicas' drivers are built on it; nothing runs on it
         self.loop_fallback = loop_unsupported(self)   # None: the whole walk in compiled code (simulator/fleet_loop.py)
         compiled = prepare_loop(self) if self.loop_fallback is None else None   # compiled before the clock
         started = time.process_time()
@@ -87,6 +76,19 @@ class CompiledFleet(FleetSimulation):
         if done != self.n:
             raise RuntimeError(f"fleet simulation ended with {self.n - done} unfinished requests")
         return self._result(sim_cpu_s)
+
+    def _start_compiled(self, env: simpy.Environment) -> None:
+        """The routing state, the replicas and a kernel per replica."""
+        self._start()
+        self.capacity = self._first_capacity()
+        self.chains: tuple | None = None   # the workload's prefix chains, read once for every table
+        self.fleet = [self._replica(i, env) for i in range(self.replicas)]
+        self.room = 0   # at most the fewest free rows of any replica's table (recounted when short)
+        self.runs = [self._compiled(replica) for replica in self.fleet]
+        static = self.runs[0].mode == PRED_STATIC
+        self.fixed = (self.predictors[0].predict(np.arange(self.n), Known(arrived=0, finished=0)).astype(np.float64)
+                      if static else None)
+        self.recount = (self.router.reads == "predicted_work", True)   # (predicted, true): the balance reads true
 
     def _walk(self) -> None:
         """The fleet's arrival instants walked in Python, each replica's kernel called per instant."""

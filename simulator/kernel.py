@@ -329,12 +329,21 @@ def first_call(fn, rule: str, *args):
     process, where numba compiles it or loads it from the cache, holds the lock of the rule's cache
     folder (:func:`core.jit.compile_lock`), so that a sweep's workers starting together on an empty
     cache compile it once: the first compiles, the others wait and then load it."""
+    if id(fn) in _CALLED:   # asking numba (``signatures``) costs more than a short call's run
+        return fn(*args)
     if getattr(fn, "signatures", True):   # compiled in this process already (or plain Python)
+        _CALLED[id(fn)] = fn
         return fn(*args)
     from core.jit import compile_lock
 
     with compile_lock(numba_cache_folder(rule)):
-        return fn(*args)
+        done = fn(*args)
+    _CALLED[id(fn)] = fn
+    return done
+
+
+#: the kernels :func:`first_call` has called in this process, by id (each held, so no id is reused)
+_CALLED: dict[int, object] = {}
 
 
 def _own(fn, spaces: dict, in_place: bool, tag: str):

@@ -17,9 +17,6 @@ Prepared = Any
 
 #: RunConfig fields of a P/D fleet (left out of the config.json of other runs)
 PD_FIELDS = ("prefill_replicas", "decode_replicas", "decode_router", "kv_link_gbps", "kv_link_latency_ms")
-#: why a P/D fleet runs on the reference engine (said once per process)
-PD_FALLBACK = "a P/D fleet: the compiled kernel does not model the KV link and the decode placement yet"
-_noted: list[bool] = []
 
 
 def _count(flag: str, value) -> int:
@@ -57,20 +54,30 @@ def check_pd(config: RunConfig) -> None:
 
 def prepared_pd(config: RunConfig, workload, trace, arrival_s, capacity, rate, engine_config, profile,
                 prepared_fleet) -> Prepared:
-    """The run's P/D fleet on the reference engine (the compiled kernel falls back, noted once);
+    """The run's P/D fleet: on the compiled kernel where it replays the reference byte for byte
+    (:func:`simulator.compiled_pd.pd_unsupported`), else the reference engine, noted once per reason;
     ``prepared_fleet``: the runner's, which resolves a fleet's run (this module does not import it)."""
+    from policies import make_policy
+    from predictors import NO_PREDICTOR, make_predictor
+    from simulator.compiled_pd import CompiledPDFleet, pd_unsupported
     from simulator.pd_fleet import PDFleet
 
     if engine_config.kv_token_budget is not None:
         raise ValueError("--kv-budget is one engine's KV model; a P/D fleet models KV blocks (--kv-blocks)")
-    if config.kernel == "compiled" and not _noted:
-        _noted.append(True)
-        note_fallback(PD_FALLBACK)
+    fleet_class: type[PDFleet] = PDFleet
+    if config.kernel == "compiled":
+        predictor = None if config.predictor == NO_PREDICTOR else make_predictor(config.predictor, config.predictor_options)
+        reason = pd_unsupported(engine_config, make_policy(config.policy, config.policy_options, config.goodput),
+                                predictor, profile)
+        if reason is None:
+            fleet_class = CompiledPDFleet
+        else:
+            note_fallback(f"a P/D fleet: {reason}")
     decode_router = make_router(config.decode_router or "round-robin")
     link = KVLink(config.kv_link_gbps, config.kv_link_latency_ms)
 
     def build(*args, replicas: int, **kwargs):   # replicas: the config's 1 (the prefill side is P)
-        return PDFleet(*args, prefill_replicas=config.prefill_replicas, decode_replicas=config.decode_replicas,
+        return fleet_class(*args, prefill_replicas=config.prefill_replicas, decode_replicas=config.decode_replicas,
                        decode_router=decode_router, link=link, **kwargs)
 
     prepared = prepared_fleet(config, workload, trace, arrival_s, capacity, rate, engine_config, profile,

@@ -85,9 +85,24 @@ class PDFleet(FleetSimulation):
         self._ran = True
         env = self.env = simpy.Environment()
         self._start()   # the prefill side's routing state (the fleet's)
+        self.fleet = [self._replica(i, env) for i in range(self.replicas)]
+        self._start_decode(env)
+        for replica in self.fleet:
+            env.process(self._replica_loop(env, replica))
+        for decoder in self.decoders:
+            env.process(self._decoder_loop(env, decoder))
+        env.process(self._router_loop(env))
+        started = time.process_time()
+        env.run()
+        sim_cpu_s = time.process_time() - started
+        if self.done != self.n or self.next_row != self.n:
+            raise RuntimeError(f"P/D fleet simulation ended with {self.n - self.done} unfinished requests")
+        return self._pd_result(sim_cpu_s)
+
+    def _start_decode(self, env: simpy.Environment) -> None:
+        """The decode side's state: its instances, accounting, queues and router."""
         kv_total = self.config.kv_blocks_total if self.config.kv_bounded else None
         self.decode_accounting = ReplicaAccounting(self.decode_replicas, kv_total)
-        self.fleet = [self._replica(i, env) for i in range(self.replicas)]
         self.decoders = [self._decoder(i, env) for i in range(self.decode_replicas)]
         n = self.n
         self.done = 0
@@ -100,17 +115,6 @@ class PDFleet(FleetSimulation):
         self.wake: list[simpy.Event | None] = [None] * self.decode_replicas
         self.decode_balance = FleetBalance()   # outstanding true work per decode instance, at placements
         self.decode_router.reset(self.decode_replicas, self.seed)
-        for replica in self.fleet:
-            env.process(self._replica_loop(env, replica))
-        for decoder in self.decoders:
-            env.process(self._decoder_loop(env, decoder))
-        env.process(self._router_loop(env))
-        started = time.process_time()
-        env.run()
-        sim_cpu_s = time.process_time() - started
-        if self.done != n or self.next_row != n:
-            raise RuntimeError(f"P/D fleet simulation ended with {n - self.done} unfinished requests")
-        return self._pd_result(sim_cpu_s)
 
     def _joined(self, replica: Replica, k: int) -> None:
         """Its prefill instance's part of a request ends at its first token: ``length`` 1 there."""

@@ -31,20 +31,26 @@ if importlib.util.find_spec("numba") is None:
 PAIRS = [("fcfs", "none"), ("countdown", "leap-rls"), ("countdown", "oracle"), ("aging", "oracle")]
 
 
-def replay_fleet(config: RunConfig):
-    """``config`` on both kernels (the compiled one really a CompiledFleet); summaries less
-    ``sim_cpu_s`` and results identical. Returns the compiled result."""
+def replay_kernels(config: RunConfig, compiled_class: type = CompiledFleet):
+    """``config`` on both kernels (the compiled one really a ``compiled_class``); summaries less
+    ``sim_cpu_s`` and results identical. Returns (reference, compiled) results."""
     runs = {}
     for kernel in ("reference", "compiled"):
         prepared = prepare(dataclasses.replace(config, kernel=kernel))
-        assert isinstance(prepared.simulation, CompiledFleet) == (kernel == "compiled")
+        assert isinstance(prepared.simulation, compiled_class) == (kernel == "compiled")
         summary, result = execute(prepared)
         summary.pop("sim_cpu_s")
         runs[kernel] = summary, result
     assert repr(runs["reference"][0]) == repr(runs["compiled"][0])
     assert_identical(runs["reference"][1], runs["compiled"][1])
-    assert (runs["reference"][1].replica == runs["compiled"][1].replica).all()
-    return runs["compiled"][1]
+    return runs["reference"][1], runs["compiled"][1]
+
+
+def replay_fleet(config: RunConfig):
+    """:func:`replay_kernels` of a fleet, its replicas too. Returns the compiled result."""
+    reference, compiled = replay_kernels(config)
+    assert (reference.replica == compiled.replica).all()
+    return compiled
 
 
 @pytest.mark.parametrize("router", list(ROUTERS))
