@@ -270,7 +270,8 @@ class Simulation:
             mae_in_use=driver.mae_in_use if compiled is None else compiled.mae_in_use,
             contended_steps=scheduler.contended if compiled is None else compiled.contended,
             preemptions=table.preemptions if self.config.kv_bounded else None,
-            cached_tokens=scheduler.kv.cached_tokens if isinstance(scheduler.kv, PrefixKVBlocks) else None)
+            cached_tokens=(compiled.cached_tokens if compiled is not None else scheduler.kv.cached_tokens)
+            if isinstance(scheduler.kv, PrefixKVBlocks) else None)
 
     def _step_loop(self, env: simpy.Environment, parts: EngineParts, state: dict):
         """Orchestrates the parts; every decision and every piece of state lives in them."""
