@@ -50,6 +50,7 @@ from predictors.base import Known
 from simulator.compiled_log import fill_step_log, no_log, with_room
 from simulator.kernel import DEFAULT_RULE, announce_compile, first_call, load_kernel
 from simulator.kernel_estimates import C_CPU_PER_PREDICTION, C_CPU_SPENT, C_TAP_FRACTION, load_publishing_kernel
+from simulator.kernel_float import profile_coefficients
 from simulator.kernel_kv import kv_arrays, kv_fill
 from simulator.kernel_layout import (
     AFTER_STEP,
@@ -63,9 +64,6 @@ from simulator.kernel_layout import (
     PRED_PREFILL,
     PRED_PYTHON,
     PRED_STATIC,
-    PROFILE_FITTED,
-    PROFILE_ROOFLINE,
-    PROFILE_UNIT,
     REKEY_RESORT,
     STATE,
     Rows,
@@ -113,20 +111,6 @@ def unsupported(sim) -> str | None:
     return None
 
 
-_PROFILE_FORMS = {"roofline": PROFILE_ROOFLINE, "fitted": PROFILE_FITTED, "unit": PROFILE_UNIT}
-
-
-def profile_coefficients(profile) -> tuple[int, np.ndarray, np.ndarray]:
-    """(kernel form, integer coefficients, float coefficients) from the profile's own declaration."""
-    declared = profile.compiled_coefficients()
-    if declared is None:
-        raise TypeError(f"engine profile {profile.name!r} declares no compiled form")
-    form, ints_in, floats_in = declared
-    ints, floats = np.zeros(2, dtype=np.int64), np.zeros(8, dtype=np.float64)
-    ints[:len(ints_in)], floats[:len(floats_in)] = ints_in, floats_in
-    return _PROFILE_FORMS[form], ints, floats
-
-
 #: Set by a command that has said every fallback of its runs itself (``simulate`` checks them all
 #: before it starts workers): its worker processes inherit it and stay quiet, so a note shows once.
 NOTED_ENV = "LEAP_KERNEL_FALLBACKS_NOTED"
@@ -145,6 +129,7 @@ class CompiledRun:
     written in place, so the run's result is read from the table as the reference engine's is)."""
 
     def __init__(self, sim, table, driver, fast_paths: bool = True):   # fast_paths off: a fleet's replica
+        # (its rows' block keys are written as they are routed: simulator.kernel_prefix.add_row_keys)
         self.table, cfg, n = table, sim.config, table.n
         self.predictor, self.driver = sim.predictor, driver
         self.has_pred = sim.predictor is not None
@@ -178,6 +163,7 @@ class CompiledRun:
                          params_array(sim.policy.compiled_form().params), np.zeros(n, dtype=np.int64),
                          kv_fill(table, cfg.kv_bounded), table.preemptions)
         self.keys = BlockKeys(table, cfg.kv_block_size) if cfg.caches_prefixes else None   # each row's block keys
+        self.fast_paths = fast_paths
         self.work = self._work_arrays(n, sim.policy)
         self.settings = self._settings(sim)
         self.state, self.batch = new_record(STATE), new_record(BATCH)   # what the kernel takes
@@ -216,7 +202,7 @@ class CompiledRun:
                     rekey=self.rekey, fb_rows=np.empty(rows, dtype=np.int64), fb_ends=np.empty(rows, dtype=np.int64),
                     runs_left=runs_left, served_seen=served_seen, first_waiting=first_waiting,
                     **kv_arrays(n if self.cfg.kv_bounded else 0, width),
-                    **prefix_arrays(self.table, self.cfg, self.keys), **no_log())
+                    **prefix_arrays(self.table, self.cfg, self.keys, routed=not self.fast_paths), **no_log())
 
     def _settings(self, sim) -> Settings:
         """The run's fixed settings as the kernel reads them (the policy's and profile's declared forms)."""

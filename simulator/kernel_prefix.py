@@ -21,11 +21,16 @@ from simulator.kernel_order import _lru_append, _lru_remove
 from simulator.kv_rule import blocks_for as _blocks_for
 
 
-def _pk_slot(w, key):
+def _pk_home(key, mask):
+    """Where a key's probe starts in a table of ``mask + 1`` slots (keys are hashes: their bits mixed)."""
+    return (key ^ (key >> 29)) & mask
+
+
+def _pk_slot(ht_keys, ht_used, key):
     """The table's slot of ``key``, or of the empty slot where it would go."""
-    mask = w.ht_keys.shape[0] - 1
-    i = (key ^ (key >> 29)) & mask
-    while w.ht_used[i] and w.ht_keys[i] != key:
+    mask = ht_keys.shape[0] - 1
+    i = _pk_home(key, mask)
+    while ht_used[i] and ht_keys[i] != key:
         i = (i + 1) & mask
     return i
 
@@ -39,7 +44,7 @@ def _pk_unlist(w, i):
         if not w.ht_used[j]:
             break
         key = w.ht_keys[j]
-        home = (key ^ (key >> 29)) & mask
+        home = _pk_home(key, mask)
         if (i < home <= j) if i <= j else (i < home or home <= j):
             continue   # its probe starts after the hole: it stays
         w.ht_keys[i], w.ht_first[i], w.ht_last[i] = key, w.ht_first[j], w.ht_last[j]
@@ -51,7 +56,7 @@ def _pk_evict(w, block):
     """PrefixKVBlocks._evict: a block about to be reallocated loses its name."""
     if not w.pk_has_name[block]:
         return
-    i = _pk_slot(w, w.pk_name[block])
+    i = _pk_slot(w.ht_keys, w.ht_used, w.pk_name[block])
     p, q = w.pk_kprev[block], w.pk_knext[block]
     if p >= 0:
         w.pk_knext[p] = q
@@ -86,7 +91,7 @@ def _pk_name(w, r, upto):
     for j in range(w.pk_named[r], upto):
         block, key = w.pk_blocks[off + j], w.pk_keys[off + j]
         w.pk_name[block], w.pk_has_name[block] = key, True
-        i = _pk_slot(w, key)
+        i = _pk_slot(w.ht_keys, w.ht_used, key)
         w.pk_knext[block] = -1
         if w.ht_used[i]:
             last = w.ht_last[i]
@@ -104,7 +109,7 @@ def _pk_lookup(w, s, r, fill):
     ``(fill - 1) // B``, each its key's first holder) into ``pk_hit``; returns how many."""
     off, n = w.pk_off[r], 0
     for j in range((fill - 1) // s.kv_size):
-        i = _pk_slot(w, w.pk_keys[off + j])
+        i = _pk_slot(w.ht_keys, w.ht_used, w.pk_keys[off + j])
         if not w.ht_used[i]:
             break
         w.pk_hit[n] = w.ht_first[i]
@@ -211,36 +216,47 @@ def _pk_spare(t, w, s, st, b):
     return n_gone
 
 
-def _pk_hit_blocks(w, keys, n_keys):
-    """PrefixKVBlocks.hit_blocks: how many of ``keys[:n_keys]`` are cached, stopping at the first miss."""
-    for j in range(n_keys):
-        if not w.ht_used[_pk_slot(w, keys[j])]:
+def _pk_hit_blocks(ht_keys, ht_used, keys):
+    """PrefixKVBlocks.hit_blocks: how many of ``keys`` are cached, stopping at the first miss (a
+    cache-aware router's read of a compiled replica, from Python: :func:`hit_blocks`)."""
+    for j in range(keys.shape[0]):
+        if not ht_used[_pk_slot(ht_keys, ht_used, keys[j])]:
             return j
-    return n_keys
+    return keys.shape[0]
 
 
-def prefix_arrays(table, cfg, keys) -> dict[str, np.ndarray]:
+def hit_blocks(work, keys: np.ndarray) -> int:
+    """:func:`_pk_hit_blocks` over a compiled run's pool (``work``), jitted by the kernel's load."""
+    return int(_pk_hit_blocks(work.ht_keys, work.ht_used, keys))
+
+
+def prefix_arrays(table, cfg, keys, routed: bool = False) -> dict[str, np.ndarray]:
     """The prefix cache's working arrays (:class:`simulator.kernel_layout.Work`) for ``table`` with
     ``keys`` (a :class:`simulator.prefix_cache.BlockKeys`, None: no prefix caching, one element
-    each). Each row's keys cover every block it may name or hold (its prompt and output)."""
+    each). Each row's keys cover every block it may name or hold (its prompt and output); ``routed``
+    (a fleet's replica): none yet, each row's written when it is routed (:func:`add_row_keys`)."""
     n = table.n
     if keys is None:
         one, flag = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.bool_)
         return {name: one.copy() for name in _ROW_ARRAYS + _POOL_ARRAYS + _TABLE_ARRAYS} | {
             "pk_off": np.zeros(2, dtype=np.int64), "pk_has_name": flag, "ht_used": flag.copy()}
     size, total = int(cfg.kv_block_size), int(cfg.kv_blocks_total)
-    width = kv_rule.blocks_for(table.prompt + table.length, size) + 1   # (the kernel's _blocks_for is jitted)
     off = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(width, out=off[1:])
-    flat = np.concatenate([np.asarray(keys.of(r, int(width[r])), dtype=np.int64) for r in range(n)]) if n \
-        else np.zeros(1, dtype=np.int64)
+    if routed:
+        flat = np.zeros(1024, dtype=np.int64)
+    else:
+        width = row_width(table.prompt, table.length, size)
+        np.cumsum(width, out=off[1:])
+        flat = np.concatenate([np.asarray(keys.of(r, int(width[r])), dtype=np.int64) for r in range(n)]) if n \
+            else np.zeros(1, dtype=np.int64)
     slots = 1 << max(int(2 * total).bit_length(), 1)
     queue_prev, queue_next = np.arange(-1, total - 1, dtype=np.int64), np.arange(1, total + 1, dtype=np.int64)
     queue_next[-1] = -1
     rows = np.zeros(max(n, 1), dtype=np.int64)
-    return {"pk_keys": flat, "pk_off": off, "pk_blocks": np.zeros(max(int(off[-1]), 1), dtype=np.int64),
+    most = int(row_width(table.prompt, table.length, size).max(initial=1)) if not routed else total + 1
+    return {"pk_keys": flat, "pk_off": off, "pk_blocks": np.zeros(len(flat), dtype=np.int64),
             "pk_named": rows.copy(), "pk_start": rows.copy(), "pk_cached": rows.copy(),
-            "pk_hit": np.zeros(max(int(width.max(initial=1)), 1), dtype=np.int64),
+            "pk_hit": np.zeros(most, dtype=np.int64),
             "pk_ref": np.zeros(total, dtype=np.int64), "pk_name": np.zeros(total, dtype=np.int64),
             "pk_has_name": np.zeros(total, dtype=np.bool_), "pk_qprev": queue_prev, "pk_qnext": queue_next,
             "pk_kprev": np.full(total, -1, dtype=np.int64), "pk_knext": np.full(total, -1, dtype=np.int64),
@@ -248,9 +264,31 @@ def prefix_arrays(table, cfg, keys) -> dict[str, np.ndarray]:
             "ht_first": np.zeros(slots, dtype=np.int64), "ht_last": np.zeros(slots, dtype=np.int64)}
 
 
+def row_width(prompt, length, size):
+    """Keys (and block places) a row needs: one past the blocks of its prompt and output."""
+    return kv_rule.blocks_for(prompt + length, size) + 1   # (the kernel's _blocks_for is jitted)
+
+
+def add_row_keys(run, k: int, row: int) -> None:
+    """A fleet replica's local row ``k`` (the workload's ``row``, just routed) gets its block keys
+    after the last routed row's, the keys' and blocks' arrays doubled when full (between calls)."""
+    table, w = run.table, run.work
+    width = int(row_width(table.prompt[k], table.length[k], run.keys.size))
+    start = int(w.pk_off[k])
+    if start + width > len(w.pk_keys):
+        room = max(2 * len(w.pk_keys), start + width)
+        grown = {name: np.zeros(room, dtype=np.int64) for name in ("pk_keys", "pk_blocks")}
+        for name, new in grown.items():
+            new[:start] = getattr(w, name)[:start]
+        run.work = w = w._replace(**grown)
+        run.kernel_args = (run.rows, run.work, run.settings, run.state, run.batch)
+    w.pk_keys[start:start + width] = run.keys.of_request(row, int(table.prompt[k]), width)
+    w.pk_off[k + 1] = start + width
+
+
 _ROW_ARRAYS = ("pk_keys", "pk_blocks", "pk_named", "pk_start", "pk_cached", "pk_hit")
 _POOL_ARRAYS = ("pk_ref", "pk_name", "pk_qprev", "pk_qnext", "pk_kprev", "pk_knext")
 _TABLE_ARRAYS = ("ht_keys", "ht_first", "ht_last")
 
-JITTED = ("_pk_slot", "_pk_unlist", "_pk_evict", "_pk_take", "_pk_name", "_pk_lookup", "_pk_admit", "_pk_release",
+JITTED = ("_pk_home", "_pk_slot", "_pk_unlist", "_pk_evict", "_pk_take", "_pk_name", "_pk_lookup", "_pk_admit", "_pk_release",
           "_pk_grant", "_pk_name_decodes", "_pk_spare", "_pk_hit_blocks")
