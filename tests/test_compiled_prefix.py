@@ -51,6 +51,11 @@ DEFAULT_RULE_POLICIES = tuple(name for name, cls in POLICIES.items() if cls.comp
 CACHE_ROUTERS = sorted(name for name, cls in ROUTERS.items() if cls.reads in ("prefix", "cache")) + ["round-robin"]
 
 
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("LEAP_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
 @st.composite
 def prefix_kv_cases(draw):
     """:func:`test_compiled_kv.kv_cases` (the default rule's policies) with prefix caching on and
