@@ -147,6 +147,9 @@ class StepRunner(Protocol):
     @property
     def mae_in_use(self) -> float | None: ...
 
+    @property
+    def cached_tokens(self) -> np.ndarray | None: ...
+
     def step_process(self, env: simpy.Environment, progress: Callable[[int, int], None] | None = None
                      ) -> Generator: ...
 
