@@ -170,11 +170,12 @@ def test_hand_example_runs_compiled_with_prefix_caching_off(tmp_path, capsys):
 
 
 def test_a_policy_reading_cached_tokens_is_the_only_kv_fallback():
+    from predictors import make_predictor
     wl = trace_from_arrays("two", [4, 4], [8, 6])
     for policy, caching, reason in ((make_policy("countdown", [("prefill_weight", 1.0)]), None, "reads the cached prompt"),
                                     (make_policy("countdown", [("prefill_weight", 1.0)]), False, None),
                                     (make_policy("fcfs"), None, None)):
-        sim = Simulation(wl, np.zeros(2), policy=policy, predictor=None, profile=UnitProfile(),
+        sim = Simulation(wl, np.zeros(2), policy=policy, predictor=make_predictor("oracle"), profile=UnitProfile(),
                          config=dataclasses.replace(EngineConfig(kv_blocks=4, kv_block_size=4), prefix_caching=caching))
         why = unsupported(sim)
         assert why is None if reason is None else reason in why
