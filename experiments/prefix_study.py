@@ -8,7 +8,7 @@ t-intervals over seeds.
 Seed s replays the window of N = per-replica x replicas consecutive Mooncake requests starting at an
 offset drawn from ``default_rng(s)`` (requests, hash_ids and timestamps together, so the window keeps
 the trace's own prefix sharing), its timestamps divided by replicas / 4 (the same load per replica
-at every fleet size). Reference engine (the prefix cache is not compiled yet), one run after another.
+at every fleet size). The compiled kernel (byte-identical to the reference), one run after another.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def run(router: str, replicas: int, seed: int, lines: list[str], per_replica: in
         path = Path(folder) / "mooncake_window.jsonl"
         path.write_text(window(lines, per_replica * replicas, seed, replicas / 4.0))
         config = RunConfig(trace=str(path), predictor="none", policy="fcfs", load=None, seed=seed, replicas=replicas,
-                           router=router, kernel="reference", arrivals=ArrivalSpec("recorded"),
+                           router=router, arrivals=ArrivalSpec("recorded"),
                            engine_config=EngineConfig(kv_blocks="profile"))
         summary, _ = execute(prepare(config))
     return {m: float(summary.get(m) or 0.0) for m in METRICS}

@@ -15,8 +15,8 @@ made in compiled code: :mod:`simulator.kernel_online`). Policies FCFS, countdown
 preemption (its locked rows merged into the (key, row) order at their key, -inf: first whatever a rank
 predictor's scores are), SSJF's starvation override (a starving decision by arrival), aging (keys re-made
 when its clock ticks) and LTR's starvation rule (both :mod:`simulator.kernel_policies`); the roofline /
-fitted / unit profiles; chunked prefill, the KV budget, KV blocks without prefix caching
-(:mod:`simulator.kernel_kv`), the step clock and closed loop, with every
+fitted / unit profiles; chunked prefill, the KV budget, KV blocks (:mod:`simulator.kernel_kv`) and
+their prefix caching (:mod:`simulator.kernel_prefix`; not for a policy that reads the cached tokens), the step clock and closed loop, with every
 predictor; the step log (``record_steps``: :mod:`simulator.kernel_log`, :mod:`simulator.compiled_log`). It
 is ``simulate``'s default kernel. A policy without a compiled form runs on the reference engine, and
 :func:`unsupported` says why (one line per process). Without numba every run uses the reference.
@@ -50,6 +50,7 @@ from predictors.base import Known
 from simulator.compiled_log import fill_step_log, no_log, with_room
 from simulator.kernel import DEFAULT_RULE, announce_compile, first_call, load_kernel
 from simulator.kernel_estimates import C_CPU_PER_PREDICTION, C_CPU_SPENT, C_TAP_FRACTION, load_publishing_kernel
+from simulator.kernel_float import profile_coefficients
 from simulator.kernel_kv import kv_arrays, kv_fill
 from simulator.kernel_layout import (
     AFTER_STEP,
@@ -63,9 +64,6 @@ from simulator.kernel_layout import (
     PRED_PREFILL,
     PRED_PYTHON,
     PRED_STATIC,
-    PROFILE_FITTED,
-    PROFILE_ROOFLINE,
-    PROFILE_UNIT,
     REKEY_RESORT,
     STATE,
     Rows,
@@ -75,8 +73,10 @@ from simulator.kernel_layout import (
     record,
 )
 from simulator.kernel_online import advance_online, compiled_online
+from simulator.kernel_prefix import prefix_arrays
 from simulator.kernel_trail import advance_trail, compiled_trail
 from simulator.prediction import refresh_due
+from simulator.prefix_cache import BlockKeys
 
 KERNELS = ("reference", "compiled")
 DEFAULT_KERNEL = "compiled"      # simulate's, RunConfig's and leap-validate's replays' (Simulation.run's: the reference)
@@ -88,9 +88,10 @@ def unsupported(sim) -> str | None:
     predictor and profile declare (``compiled`` with ``why_not``, ``compiled_form``, ``compiled_coefficients``)."""
     if load_kernel() is None:
         return "numba is missing or fails to load"
-    if sim.config.caches_prefixes:
-        return "prefix caching (on by default with --kv-blocks) is not compiled yet; --prefix-caching off runs compiled"
     policy, p = sim.policy, sim.predictor
+    if sim.config.caches_prefixes and policy.reads_cached:
+        return (f"policy {policy.name!r} reads the cached prompt tokens, which the kernel does not serve a policy; "
+                "--prefix-caching off runs compiled")
     if not policy.compiled:
         from policies import POLICIES
         compiled = ", ".join(n for n, c in POLICIES.items() if c.compiled)
@@ -108,20 +109,6 @@ def unsupported(sim) -> str | None:
     if sim.profile.compiled_coefficients() is None:
         return f"engine profile {sim.profile.name!r} is not compiled"
     return None
-
-
-_PROFILE_FORMS = {"roofline": PROFILE_ROOFLINE, "fitted": PROFILE_FITTED, "unit": PROFILE_UNIT}
-
-
-def profile_coefficients(profile) -> tuple[int, np.ndarray, np.ndarray]:
-    """(kernel form, integer coefficients, float coefficients) from the profile's own declaration."""
-    declared = profile.compiled_coefficients()
-    if declared is None:
-        raise TypeError(f"engine profile {profile.name!r} declares no compiled form")
-    form, ints_in, floats_in = declared
-    ints, floats = np.zeros(2, dtype=np.int64), np.zeros(8, dtype=np.float64)
-    ints[:len(ints_in)], floats[:len(floats_in)] = ints_in, floats_in
-    return _PROFILE_FORMS[form], ints, floats
 
 
 #: Set by a command that has said every fallback of its runs itself (``simulate`` checks them all
@@ -142,6 +129,7 @@ class CompiledRun:
     written in place, so the run's result is read from the table as the reference engine's is)."""
 
     def __init__(self, sim, table, driver, fast_paths: bool = True):   # fast_paths off: a fleet's replica
+        # (its rows' block keys are written as they are routed: simulator.kernel_prefix.add_row_keys)
         self.table, cfg, n = table, sim.config, table.n
         self.predictor, self.driver = sim.predictor, driver
         self.has_pred = sim.predictor is not None
@@ -174,6 +162,8 @@ class CompiledRun:
                          table.first_predicted, table.ready_s, table.prefilled, table.attributes,
                          params_array(sim.policy.compiled_form().params), np.zeros(n, dtype=np.int64),
                          kv_fill(table, cfg.kv_bounded), table.preemptions)
+        self.keys = BlockKeys(table, cfg.kv_block_size) if cfg.caches_prefixes else None   # each row's block keys
+        self.fast_paths = fast_paths
         self.work = self._work_arrays(n, sim.policy)
         self.settings = self._settings(sim)
         self.state, self.batch = new_record(STATE), new_record(BATCH)   # what the kernel takes
@@ -181,6 +171,7 @@ class CompiledRun:
         self.st.partial = -1
         self.st.released = table.released
         self.st.lru_head = self.st.lru_tail = -1
+        self.st.pk_head, self.st.pk_tail = (0, int(cfg.kv_blocks_total) - 1) if self.keys is not None else (-1, -1)
         self.st.next_event = self.st.until = np.inf
         self.kernel_args = (self.rows, self.work, self.settings, self.state, self.batch)
         # the policy's rule compiled in; the predictors' compiled stops are built on the default rule's kernel
@@ -210,7 +201,8 @@ class CompiledRun:
                     pair_stack=np.zeros((3, 64), dtype=np.int64), pair_sums=np.empty(64, dtype=np.float64),
                     rekey=self.rekey, fb_rows=np.empty(rows, dtype=np.int64), fb_ends=np.empty(rows, dtype=np.int64),
                     runs_left=runs_left, served_seen=served_seen, first_waiting=first_waiting,
-                    **kv_arrays(n if self.cfg.kv_bounded else 0, width), **no_log())
+                    **kv_arrays(n if self.cfg.kv_bounded else 0, width),
+                    **prefix_arrays(self.table, self.cfg, self.keys, routed=not self.fast_paths), **no_log())
 
     def _settings(self, sim) -> Settings:
         """The run's fixed settings as the kernel reads them (the policy's and profile's declared forms)."""
@@ -242,7 +234,7 @@ class CompiledRun:
             promotes=form.promote_after_idle is not None, promote_after_idle=int(form.promote_after_idle or 0),
             promoted_runs=int(form.promoted_runs), record_steps=bool(sim.record_steps),
             kv_total=int(cfg.kv_blocks_total) if cfg.kv_bounded else 0,
-            kv_size=int(cfg.kv_block_size) if cfg.kv_bounded else 1)
+            kv_size=int(cfg.kv_block_size) if cfg.kv_bounded else 1, kv_caches=self.keys is not None)
 
     def _fixed_estimates_publisher(self, sim) -> tuple | None:
         """(estimates, cost) for :mod:`simulator.kernel_estimates` when a prefill-stage predictor's
@@ -277,6 +269,11 @@ class CompiledRun:
     def fill_step_log(self, log) -> None:
         """The run's step log into ``log`` (a :class:`simulator.engine.StepLog`), as the reference keeps it."""
         fill_step_log(log, self.work, self.steps)
+
+    @property
+    def cached_tokens(self) -> np.ndarray | None:
+        """Per row, prompt tokens found cached at its first admission (prefix caching; else None)."""
+        return self.work.pk_cached if self.keys is not None else None
 
     @property
     def now(self) -> float:

@@ -29,6 +29,7 @@ from simulator.fleet import FleetSimulation, Replica
 from simulator.fleet_loop import loop_unsupported, prepare_loop, run_loop
 from simulator.fleet_rows import ReplicaRows
 from simulator.kernel_layout import AFTER_STEP, DONE_OR_CHUNK, NEEDS_EVENT, NEEDS_SCORES, PRED_STATIC, UNTIL
+from simulator.kernel_prefix import add_row_keys, hit_blocks
 from simulator.replica_growth import first_capacity, grow_replica, next_capacity
 from simulator.replica_table import AccountedTable
 from simulator.requests import RequestTable
@@ -172,13 +173,22 @@ class CompiledFleet(FleetSimulation):
 
     def _route(self, row: int) -> None:
         super()._route(row)
+        if self.config.caches_prefixes:   # the routed row's block keys, for its replica's kernel
+            replica = self.fleet[self.assigned[row]]
+            add_row_keys(self.runs[replica.index], replica.routed - 1, row)
         if self.fixed is not None:   # estimates fixed per row at bind time: the kernel reads them from its own array
             replica = self.fleet[self.assigned[row]]
             self.runs[replica.index].predicted[replica.routed - 1] = self.fixed[row]
 
+    def hit_blocks(self, replica: Replica, keys: list[int]) -> int:
+        """FleetSimulation.hit_blocks read from the replica's compiled pool."""
+        return hit_blocks(self.runs[replica.index].work, np.asarray(keys, dtype=np.int64))
+
     @staticmethod
     def _settle(replica: Replica, run: CompiledRun) -> None:
         """The replica's counters, as the reference fleet reads them, from its kernel's."""
+        if run.cached_tokens is not None:
+            replica.parts.scheduler.kv.cached_tokens = run.cached_tokens   # type: ignore[union-attr]
         replica.parts.table.finished = run.finished
         replica.step = run.steps
         replica.parts.scheduler.contended = run.contended

@@ -147,6 +147,9 @@ class StepRunner(Protocol):
     @property
     def mae_in_use(self) -> float | None: ...
 
+    @property
+    def cached_tokens(self) -> np.ndarray | None: ...
+
     def step_process(self, env: simpy.Environment, progress: Callable[[int, int], None] | None = None
                      ) -> Generator: ...
 
@@ -270,7 +273,8 @@ class Simulation:
             mae_in_use=driver.mae_in_use if compiled is None else compiled.mae_in_use,
             contended_steps=scheduler.contended if compiled is None else compiled.contended,
             preemptions=table.preemptions if self.config.kv_bounded else None,
-            cached_tokens=scheduler.kv.cached_tokens if isinstance(scheduler.kv, PrefixKVBlocks) else None)
+            cached_tokens=(compiled.cached_tokens if compiled is not None else scheduler.kv.cached_tokens)
+            if isinstance(scheduler.kv, PrefixKVBlocks) else None)
 
     def _step_loop(self, env: simpy.Environment, parts: EngineParts, state: dict):
         """Orchestrates the parts; every decision and every piece of state lives in them."""

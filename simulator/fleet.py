@@ -30,7 +30,7 @@ from simulator.fleet_cache import CacheView
 from simulator.fleet_result import fleet_result
 from simulator.fleet_rows import ReplicaRows
 from simulator.prediction import NoPrediction, PredictionDriver
-from simulator.prefix_cache import cached_tokens_of
+from simulator.prefix_cache import PrefixKVBlocks, cached_tokens_of
 from simulator.profiles.base import EngineProfile
 from simulator.replica_table import AccountedTable, replica_work
 from simulator.requests import RequestTable
@@ -240,6 +240,11 @@ class FleetSimulation:
         if getattr(self, "cache_view", None) is None:
             self.cache_view = CacheView(self)
         return self.cache_view.view(row, reads)
+
+    def hit_blocks(self, replica: Replica, keys: list[int]) -> int:
+        """How many of ``keys`` (a prompt's first blocks) the replica's prefix cache holds, from the first."""
+        kv = replica.parts.scheduler.kv
+        return kv.hit_blocks(keys) if isinstance(kv, PrefixKVBlocks) else 0
 
     def _view(self, reads: str):
         """What the router reads: the accounting's fields it declares."""

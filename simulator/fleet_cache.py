@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 
 from routers.base import FleetView
-from simulator.prefix_cache import BlockKeys, PrefixKVBlocks
+from simulator.prefix_cache import BlockKeys
 
 
 class CacheView:
@@ -43,9 +43,7 @@ class CacheView:
         most = keys[:(prompt - 1) // self.size]
         hits = np.zeros(fleet.replicas, dtype=np.int64)
         for replica in fleet.fleet:
-            kv = replica.parts.scheduler.kv
-            if isinstance(kv, PrefixKVBlocks):
-                hits[replica.index] = kv.hit_blocks(most)
+            hits[replica.index] = fleet.hit_blocks(replica, most)
         return replace(view, hits=hits, kv_total=fleet.config.kv_blocks_total if fleet.config.kv_bounded else None,
                        expected_output=self.expected(row))
 

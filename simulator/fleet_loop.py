@@ -227,6 +227,8 @@ def loop_unsupported(fleet) -> str | None:
             return "a replica's run has Python-side stops"
     if router.needs_kv:
         return "the router reads KV blocks (the loop keeps no KV counters)"
+    if fleet.config.caches_prefixes:
+        return "prefix caching (the loop writes no routed row's block keys)"
     if len({a.dtype for a in fleet.attributes}) > 1:
         return "request attributes of several dtypes"
     if router.reads == "predicted_work" and fleet.predictors[0].router_estimate() not in ("prompt", "prior"):

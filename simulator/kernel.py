@@ -59,12 +59,13 @@ from simulator.kernel_steps import (
 
 #: the modules whose functions numba compiles, in import order (their ``JITTED`` names)
 KERNEL_MODULES = ("simulator.kernel_float", "simulator.kernel_order", "simulator.kernel_policies",
-                  "simulator.kernel_rank", "simulator.kernel_kv", "simulator.kernel_steps", "simulator.kernel_log", "simulator.kernel")
+                  "simulator.kernel_rank", "simulator.kernel_prefix", "simulator.kernel_kv", "simulator.kernel_steps",
+                  "simulator.kernel_log", "simulator.kernel")
 #: the policies' files whose per-row functions the kernel compiles in (beside the policy's rule)
 POLICY_SOURCES = ("policies.aging", "policies.ssjf_starvation", "policies.trail_preemption", "policies.ltr_starvation",
                   "simulator.kv_rule")
 #: the modules of the step's parts, inlined into the loop (and kernel_policies' INLINED names)
-STEP_MODULES = ("simulator.kernel_rank", "simulator.kernel_kv", "simulator.kernel_steps", "simulator.kernel_log")
+STEP_MODULES = ("simulator.kernel_rank", "simulator.kernel_prefix", "simulator.kernel_kv", "simulator.kernel_steps", "simulator.kernel_log")
 
 
 def _take_estimates(t, w, s, st):

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 
-from simulator.kernel_layout import PROFILE_FITTED, PROFILE_ROOFLINE
+import numpy as np
+
+from simulator.kernel_layout import PROFILE_FITTED, PROFILE_ROOFLINE, PROFILE_UNIT
 
 
 def _dl_split(x):
@@ -132,6 +134,20 @@ def _step_time(kind, pi, pf, prefill_tokens, prefill_sq, decode_batch, decode_co
         t = pf[0] + pf[1] * prefill_tokens + pf[2] * decode_batch + pf[3] * decode_context + pf[4] * prefill_sq
         return t if t > 1e-9 else 1e-9
     return 1.0
+
+
+_PROFILE_FORMS = {"roofline": PROFILE_ROOFLINE, "fitted": PROFILE_FITTED, "unit": PROFILE_UNIT}
+
+
+def profile_coefficients(profile) -> tuple[int, np.ndarray, np.ndarray]:
+    """(kernel form, integer coefficients, float coefficients) from the profile's own declaration."""
+    declared = profile.compiled_coefficients()
+    if declared is None:
+        raise TypeError(f"engine profile {profile.name!r} declares no compiled form")
+    form, ints_in, floats_in = declared
+    ints, floats = np.zeros(2, dtype=np.int64), np.zeros(8, dtype=np.float64)
+    ints[:len(ints_in)], floats[:len(floats_in)] = ints_in, floats_in
+    return _PROFILE_FORMS[form], ints, floats
 
 
 JITTED = ("_dl_split", "_dl_mul", "_py_hypot", "_pairwise_block", "_pairwise", "_step_time")

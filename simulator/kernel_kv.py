@@ -17,6 +17,7 @@ import numpy as np
 from simulator.kernel_layout import KEY_ROW
 from simulator.kernel_order import _lru_remove
 from simulator.kernel_policies import _ltr_decode_keys
+from simulator.kernel_prefix import _pk_grant, _pk_name_decodes, _pk_spare
 from simulator.kernel_rank import _rank
 from simulator.kv_rule import blocks_for as _blocks_for
 from simulator.kv_rule import spare as _spare
@@ -50,10 +51,17 @@ def _kv_victim_order(t, w, s, st, b):
 
 def _kv_grow(t, w, s, st, b):
     """Scheduler._grow (KVBlocks.grow_decodes): each decode of the step takes the block its next
-    token needs; in a step short of blocks the victims (:func:`simulator.kv_rule.spare`) are
-    preempted: re-queued (the last preempted on top), their next prefill their prompt and generated
-    tokens, and they leave the decodes, the residents and the standing orders."""
+    token needs; in a step short of blocks the victims (:func:`simulator.kv_rule.spare`; with prefix
+    caching :func:`simulator.kernel_prefix._pk_spare`) are preempted: re-queued (the last preempted
+    on top), their next prefill their prompt and generated tokens, and they leave the decodes, the
+    residents and the standing orders."""
     b.n_preempted = 0
+    if s.kv_caches:
+        if not _pk_grant(t, w, s, st, b):
+            _kv_victim_order(t, w, s, st, b)
+            _kv_requeue(t, w, s, st, b, _pk_spare(t, w, s, st, b))
+        _pk_name_decodes(t, w, s, b)
+        return
     need, held = 0, w.kv_held
     for j in range(b.n_chosen):
         r = w.chosen[j]
@@ -68,7 +76,12 @@ def _kv_grow(t, w, s, st, b):
     n_gone, used = _spare(w.kv_order[:st.n_res], b.n_chosen, t.prompt, t.generated, held, w.kv_recompute,
                           s.kv_size, st.kv_blocks_used, s.kv_total, w.kv_gone)
     st.kv_blocks_used = used
-    for j in range(n_gone):   # KVBlocks._requeue
+    _kv_requeue(t, w, s, st, b, n_gone)
+
+
+def _kv_requeue(t, w, s, st, b, n_gone):
+    """KVBlocks._requeue of the step's ``n_gone`` victims (``kv_gone``), then they leave (:func:`_kv_leave`)."""
+    for j in range(n_gone):
         r = w.kv_gone[j]
         t.fill[r] = t.prompt[r] + t.generated[r]
         t.prefilled[r] = 0
@@ -131,4 +144,4 @@ def kv_fill(table, bounded: bool) -> np.ndarray:
     return table.fill
 
 
-JITTED = ("_blocks_for", "_spare", "_kv_victim_order", "_kv_grow", "_kv_leave")
+JITTED = ("_blocks_for", "_spare", "_kv_victim_order", "_kv_grow", "_kv_requeue", "_kv_leave")

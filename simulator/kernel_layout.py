@@ -58,6 +58,7 @@ STATE = np.dtype([
     ("kv_blocks_used", np.int64),   # KV blocks (simulator.kernel_kv): held now
     ("n_requeued", np.int64),       # ... preempted rows waiting in Work.kv_requeue (the last preempted on top)
     ("preemptions", np.int64),      # ... preemptions so far
+    ("pk_head", np.int64), ("pk_tail", np.int64),   # prefix caching (simulator.kernel_prefix): the free queue's ends
     ("now", np.float64), ("abs_error", np.float64),
     ("charge", np.float64),         # the predictor's GPU debt the next step pays
     ("next_event", np.float64), ("gpu_s", np.float64),
@@ -104,7 +105,8 @@ class Rows(NamedTuple):
     prefilled: np.ndarray
     attributes: tuple        # the rows' request attributes (core.attributes.Attributes)
     params: np.ndarray       # the policy rule's numbers (policies/rule.py: CompiledForm.params), float64
-    cached: np.ndarray       # prompt tokens found cached (policies/rule.py): zeros, the kernel models no cache
+    cached: np.ndarray       # prompt tokens found cached (policies/rule.py): zeros (a policy that reads them
+                             # falls back to the reference)
     fill: np.ndarray         # tokens each row's next prefill computes (RequestTable.fill): the prompt array
                              # itself without KV blocks, else a copy (a preempted row: prompt + generated)
     preemptions: np.ndarray  # times each row was preempted (RequestTable.preemptions)
@@ -144,6 +146,25 @@ class Work(NamedTuple):
     kv_gone: np.ndarray      # ... the step's preempted rows (BATCH.n_preempted)
     readmit: np.ndarray      # ... the step's readmitted rows (BATCH.n_readmit)
     resumed: np.ndarray      # ... the step's completed re-prefills (BATCH.n_resumed)
+    # prefix caching (simulator.kernel_prefix.prefix_arrays; one element each without it)
+    pk_keys: np.ndarray      # each row's block keys, flat (pk_off[r]:pk_off[r + 1])
+    pk_off: np.ndarray       # ... per row, where its keys and blocks start
+    pk_blocks: np.ndarray    # ... the blocks each row holds, in token order (kv_held[r] of them)
+    pk_named: np.ndarray     # ... per row, how many of its leading blocks it has named
+    pk_start: np.ndarray     # ... per row, tokens its current prefill found cached
+    pk_cached: np.ndarray    # ... per row, those at its first admission (the cached_tokens column)
+    pk_hit: np.ndarray       # ... a lookup's hit blocks
+    pk_ref: np.ndarray       # per block: its holders
+    pk_name: np.ndarray      # ... its key (when pk_has_name)
+    pk_has_name: np.ndarray
+    pk_qprev: np.ndarray     # ... the free queue's links (STATE.pk_head, pk_tail)
+    pk_qnext: np.ndarray
+    pk_kprev: np.ndarray     # ... the links among the blocks of one key, the first named first
+    pk_knext: np.ndarray
+    ht_keys: np.ndarray      # the keys' table (open addressing): a key, whether the slot is taken,
+    ht_used: np.ndarray      # ... and its blocks' list's ends
+    ht_first: np.ndarray
+    ht_last: np.ndarray
 
 
 class Settings(NamedTuple):
@@ -186,6 +207,7 @@ class Settings(NamedTuple):
     promoted_runs: int       # ... for this many runs
     kv_total: int            # KV blocks (docs/semantics.md "KV blocks"; 0: unbounded KV)
     kv_size: int             # ... tokens per block
+    kv_caches: bool          # ... cached by prefix (docs/semantics.md "Prefix caching")
 
 
 def new_record(dtype: np.dtype) -> np.ndarray:

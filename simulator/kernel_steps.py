@@ -24,6 +24,7 @@ from simulator.kernel_policies import (
     _ltr_decode_keys,
     _policy_rekey_sort,
 )
+from simulator.kernel_prefix import _pk_admit, _pk_lookup, _pk_release
 from simulator.kernel_rank import _rank, _starving
 
 
@@ -118,7 +119,8 @@ def _admit(t, w, s, st, b):
                 if st.heap == 0:
                     break
                 r = w.heap_rows[0]
-            c = tokens + t.fill[r]
+            n_hit = _pk_lookup(w, s, r, t.fill[r]) if s.kv_caches else 0   # its cached blocks, shared
+            c = tokens + t.fill[r] - n_hit * s.kv_size
             last = False
             if c > budget:
                 if s.chunked:   # the next one gets what budget is left, as a first chunk
@@ -130,7 +132,10 @@ def _admit(t, w, s, st, b):
                     break
             if s.kv_budget >= 0 and c > s.kv_budget - st.kv_used and not (n_admit == 0 and st.n_res == 0):
                 break
-            if s.kv_total > 0:   # KVBlocks.admissible: its whole fill's blocks
+            if s.kv_caches:   # PrefixKVBlocks.admit: the blocks past its hit, held at once
+                if not _pk_admit(t, w, s, st, r, n_hit):
+                    break
+            elif s.kv_total > 0:   # KVBlocks.admissible: its whole fill's blocks
                 need = _blocks_for(t.fill[r], s.kv_size)
                 if blocks + need > free:
                     break
@@ -185,9 +190,9 @@ def _prefill(t, w, s, st, b):
     if not s.chunked:
         for j in range(n_all):
             r = _prefilled_row(w, b, j)
-            p = t.fill[r]
+            p = t.fill[r] - (w.pk_start[r] if s.kv_caches else 0)   # past its cached tokens
             tokens += p
-            sq += p * p
+            sq += p * t.fill[r]
             n_first = _completed(w, s, b, r, n_first)
         b.prefill_tokens, b.prefill_sq, b.n_first = tokens, sq, n_first
         return
@@ -198,21 +203,22 @@ def _prefill(t, w, s, st, b):
         if t.prefilled[carried] == t.fill[carried]:
             n_first = _completed(w, s, b, carried, n_first)
             st.partial = -1
-    cum, chunk, r = 0, 0, -1
+    cum, chunk, p, r = 0, 0, 0, -1
     for j in range(n_all):
         r = _prefilled_row(w, b, j)
-        p = t.fill[r]
+        cached = w.pk_start[r] if s.kv_caches else 0   # the prefill starts past its cached tokens
+        p = t.fill[r] - cached
         rest = b.budget - cum
         if rest < 0:
             rest = 0
         chunk = p if p < rest else rest
         cum += p
-        t.prefilled[r] = chunk
+        t.prefilled[r] = cached + chunk
         tokens += chunk
-        sq += chunk * chunk
+        sq += chunk * (cached + chunk)
         if chunk == p:
             n_first = _completed(w, s, b, r, n_first)
-    if n_all and chunk < t.fill[r]:
+    if n_all and chunk < p:
         st.partial = r
         st.carried_chunks = 0
     b.prefill_tokens, b.prefill_sq, b.n_first = tokens, sq, n_first
@@ -324,7 +330,10 @@ def _land(t, w, s, st, b, step, tick, start, end):
         r = w.resumed[j]
         if t.generated[r] >= t.length[r]:
             n_done = _finish(t, w, st, r, n_done, end, tick)
-    if s.kv_total > 0:
+    if s.kv_caches:   # PrefixKVBlocks.release, in the order they finished
+        for j in range(n_done):
+            _pk_release(t, w, s, st, w.done_rows[j])
+    elif s.kv_total > 0:
         for j in range(n_done):
             r = w.done_rows[j]
             st.kv_blocks_used -= w.kv_held[r]

@@ -2,8 +2,8 @@
 byte the reference's outputs, each request's preemptions and the summary's counts, under every
 compiled policy, the unit, fitted and roofline profiles, chunked prefill and the step clock's
 neighbours (closed loop), on hypothesis workloads with caches small enough to preempt often and on
-sharegpt with a small cache. With prefix caching on (the default with ``--kv-blocks``) the run
-falls back to the reference and the note says why.
+sharegpt with a small cache (prefix caching off; on: tests/test_compiled_prefix.py). A policy that
+reads the cached tokens falls back to the reference with prefix caching on and the note says why.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from simulator.runner import RunConfig, run_simulation  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from invariant_cases import HYPO, Case, cases, make_predictor_for, vllm_cases  # noqa: E402
+from reference_prefix import with_prefix_hashes  # noqa: E402
 from test_compiled import PrefillStage, QueueAwareCharged, assert_identical, replay_both  # noqa: E402
 from test_kv_blocks import least_blocks  # noqa: E402
 
@@ -48,11 +49,11 @@ def _cache(tmp_path_factory, monkeypatch):
 
 
 @st.composite
-def kv_cases(draw, predictors=None):
-    """Workloads (same-instant arrivals included) over every compiled policy, with a cache from the
-    least the engine accepts to a little more: preemptions are frequent."""
-    case = draw(st.one_of(cases(policies=COMPILED, predictors=predictors),
-                          vllm_cases(policies=COMPILED, predictors=predictors)))
+def kv_cases(draw, predictors=None, policies=COMPILED):
+    """Workloads (same-instant arrivals included) over every compiled policy (or ``policies``), with
+    a cache from the least the engine accepts to a little more: preemptions are frequent."""
+    case = draw(st.one_of(cases(policies=policies, predictors=predictors),
+                          vllm_cases(policies=policies, predictors=predictors)))
     case.block_size = draw(st.sampled_from([1, 2, 4, 16]))
     case.kv_blocks = least_blocks(case.prompt, case.output, case.block_size) + draw(st.integers(0, 6))
     case.prefix_caching = False
@@ -65,6 +66,8 @@ PROFILES = {"unit": UnitProfile, "fitted": functools.cache(lambda: make_profile(
 
 def simulate(case, kernel: str, profile: str, predictor=None):
     wl = trace_from_arrays("hypo", case.prompt, case.output)
+    if case.prefix is not None:   # prefix caching's block keys (tests/test_compiled_prefix.py)
+        wl = with_prefix_hashes(wl, case.prefix, case.block_size)
     sim = Simulation(wl, np.asarray(case.arrival, dtype=np.float64), policy=make_policy(case.policy, slos=SLOS),
                      predictor=predictor or make_predictor_for(case), profile=PROFILES[profile](),
                      config=case.config, seed=case.seed, closed_loop=case.closed_loop)
@@ -143,7 +146,8 @@ def test_sharegpt_with_a_small_cache_on_both_kernels(policy):
 
 def test_hand_example_runs_compiled_with_prefix_caching_off(tmp_path, capsys):
     """docs/semantics.md's two-request example: compiled (no fallback note) with ``--prefix-caching
-    off``, the same finish times as the reference; with prefix caching on the note names it."""
+    off``, the same finish times as the reference; with prefix caching on and a policy that reads
+    the cached tokens the note names it."""
     example = Path(__file__).resolve().parents[1] / "docs" / "examples" / "kv-two-requests.csv"
     args = ["--trace", str(example), "--engine", "unit", "--arrivals", "recorded", "--kv-blocks", "4",
             "--block-size", "4", "--decode-slots", "2", "--wait-cap", "0", "--predictor", "none",
@@ -158,14 +162,20 @@ def test_hand_example_runs_compiled_with_prefix_caching_off(tmp_path, capsys):
     assert finishes["reference"] == finishes["compiled"] and finishes["compiled"]["preemptions"] > 0
     note_fallback.cache_clear()   # said once per process: an earlier test may have said it already
     assert main([*args, "--kernel", "compiled", "--out", str(tmp_path / "cached")]) == 0
+    assert "uses the reference engine" not in capsys.readouterr().err
+    assert main([*args, "--kernel", "compiled", "--predictor", "oracle", "--policy", "countdown", "--setting",
+                 "countdown.prefill_weight=1", "--out", str(tmp_path / "reads")]) == 0
     err = capsys.readouterr().err
-    assert "prefix caching" in err and "--prefix-caching off runs compiled" in err
+    assert err.count("reads the cached prompt tokens") == 1 and "--prefix-caching off runs compiled" in err
 
 
-def test_prefix_caching_is_the_only_kv_fallback():
+def test_a_policy_reading_cached_tokens_is_the_only_kv_fallback():
+    from predictors import make_predictor
     wl = trace_from_arrays("two", [4, 4], [8, 6])
-    for caching, reason in ((None, "prefix caching"), (False, None)):
-        sim = Simulation(wl, np.zeros(2), policy=make_policy("fcfs"), predictor=None, profile=UnitProfile(),
+    for policy, caching, reason in ((make_policy("countdown", [("prefill_weight", 1.0)]), None, "reads the cached prompt"),
+                                    (make_policy("countdown", [("prefill_weight", 1.0)]), False, None),
+                                    (make_policy("fcfs"), None, None)):
+        sim = Simulation(wl, np.zeros(2), policy=policy, predictor=make_predictor("oracle"), profile=UnitProfile(),
                          config=dataclasses.replace(EngineConfig(kv_blocks=4, kv_block_size=4), prefix_caching=caching))
         why = unsupported(sim)
         assert why is None if reason is None else reason in why

@@ -48,8 +48,8 @@ def test_block_size_with_kv_blocks_reaches_the_engine(tmp_path, capsys):
 def test_a_fleet_falls_back_with_one_note_when_its_capacity_is_measured(capsys):
     from simulator.compiled import note_fallback
     note_fallback.cache_clear()
-    assert main(["--trace", TRACE, "--requests", "40", "--predictor", "none", "--replicas", "2",
-                 "--kv-blocks", "400", "--json"]) == 0
+    assert main(["--trace", TRACE, "--requests", "40", "--predictor", "oracle", "--policy", "countdown", "--setting",
+                 "countdown.prefill_weight=1", "--replicas", "2", "--kv-blocks", "400", "--json"]) == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("--kernel compiled:")]
-    assert notes == ["--kernel compiled: a fleet: prefix caching (on by default with --kv-blocks) is not compiled "
-                     "yet; --prefix-caching off runs compiled; uses the reference engine"], notes
+    assert notes == ["--kernel compiled: a fleet: policy 'countdown' reads the cached prompt tokens, which the kernel "
+                     "does not serve a policy; --prefix-caching off runs compiled; uses the reference engine"], notes

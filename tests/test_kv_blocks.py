@@ -195,7 +195,7 @@ def test_hand_example_on_the_command_line(tmp_path, capsys):
     assert main(["--trace", str(EXAMPLE), "--engine", "unit", "--arrivals", "recorded", "--kv-blocks", "4",
                  "--block-size", "4", "--decode-slots", "2", "--wait-cap", "0", "--predictor", "none,oracle",
                  "--kernel", "compiled", "--quiet", "--jobs", "1", "--out", str(tmp_path)]) == 0
-    assert "prefix caching (on by default with --kv-blocks) is not compiled yet" in capsys.readouterr().err
+    assert "uses the reference engine" not in capsys.readouterr().err   # prefix caching on, compiled
     runs = {run: pq.read_table(tmp_path / f"{run}-recorded-seed0" / "requests.parquet").to_pydict()
             for run in ("none-fcfs", "oracle-countdown")}
     assert runs["none-fcfs"]["finish_s"] == [8.0, 9.0] and runs["none-fcfs"]["preemptions"] == [0, 1]
