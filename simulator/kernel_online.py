@@ -21,7 +21,7 @@ from simulator import kernel_estimates
 from simulator.kernel_layout import AFTER_STEP, DONE_OR_CHUNK
 
 
-def _run_publishing_online(max_steps, estimates, cost, Z, theta, square, lo, hi, cap, t, w, s, state, batch):
+def _run_publishing_online(max_steps, estimates, source, cost, Z, theta, square, lo, hi, cap, t, w, s, state, batch):
     """Up to ``max_steps`` kernel steps; a prefilling step's estimates (rule over the published
     weights) are published here unless Python must (feedback due, an event pending, late)."""
     done = 0
@@ -32,9 +32,9 @@ def _run_publishing_online(max_steps, estimates, cost, Z, theta, square, lo, hi,
             return done
         b = batch[0]
         for j in range(b.n_first):
-            r = w.firsts[j]
+            r = source[w.firsts[j]]   # the workload's row (Z's and the estimates')
             estimates[r] = online_rule.estimate_row(Z, r, theta, square, lo, hi, cap)
-        if not _publish_fixed(estimates, cost, t, w, st, b):
+        if not _publish_fixed(estimates, source, cost, t, w, st, b):
             return done
         if done >= max_steps:
             st.status = DONE_OR_CHUNK
@@ -46,23 +46,19 @@ _publish_fixed: Any = None
 
 
 def compiled_online(run, sim) -> tuple | None:
-    """(estimates buffer, cost, rows, weights, rule settings) when ``sim``'s predictor is a
-    prefill-stage online learner that declares ``online_estimates``, else None."""
+    """(estimates buffer, source rows (the identity), cost, rows, weights, rule settings) when
+    ``sim``'s predictor is a prefill-stage online learner that declares ``online_estimates``, else None."""
     import numpy as np
 
-    from simulator.kernel_estimates import C_CPU_PER_PREDICTION, C_CPU_SPENT, C_TAP_FRACTION
+    from simulator.kernel_estimates import publish_cost
     from simulator.kernel_layout import PRED_PREFILL
 
     declared = getattr(sim.predictor, "online_estimates", None)
     online = declared() if declared is not None and run.mode == PRED_PREFILL and not run.refresh_every else None
     if online is None or not online_rule.load():
         return None
-    d = run.driver
-    cost = np.zeros(3, dtype=np.float64)
-    cost[C_CPU_PER_PREDICTION] = d.cost.cpu_s_per_prediction if d.charge_cost else 0.0
-    cost[C_TAP_FRACTION] = d.cost.tap_fraction
-    cost[C_CPU_SPENT] = d.cpu_s
-    return (np.zeros(run.table.n, dtype=np.float64), cost, *online)
+    n = run.table.n
+    return (np.zeros(n, dtype=np.float64), np.arange(n, dtype=np.int64), publish_cost(run.driver), *online)
 
 
 @functools.lru_cache(maxsize=1)
@@ -93,7 +89,7 @@ def advance_online(run, max_steps: int, online: tuple) -> int:
     from simulator.kernel import DEFAULT_RULE, first_call
     from simulator.kernel_estimates import C_CPU_SPENT
 
-    cost = online[1]
+    cost = online[2]
     cost[C_CPU_SPENT] = run.driver.cpu_s
     done = first_call(load_online_kernel(), DEFAULT_RULE, max_steps, *online, *run.kernel_args)
     run.driver.cpu_s = float(cost[C_CPU_SPENT])
