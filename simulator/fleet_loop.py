@@ -33,12 +33,12 @@ from predictors.leap import online_rule
 from routers import rules
 from routers.snapshot import WorkSum
 from simulator import kernel_estimates, kernel_online
-from simulator.kernel_layout import DONE_OR_CHUNK, STALLED, UNTIL
+from simulator.kernel_layout import AFTER_STEP, DONE_OR_CHUNK, STALLED, UNTIL
 
 #: the loop's exit (``info[1]``): done; a replica stalled; a replica needs Python; the router's draws ran
 #: out; a replica's table has no room for the next instant's rows (Python grows it, the loop goes on)
 LOOP_DONE, LOOP_STALLED, LOOP_NEEDS_PYTHON, LOOP_NO_DRAWS, LOOP_GROW = 0, 1, 2, 3, 4
-#: how a replica's prefill estimates are made in the loop (:func:`_advance`): none to make (no
+#: how a replica's prefill estimates are made in the loop (:func:`_published`): none to make (no
 #: predictor, or fixed in its own array at routing); fixed per row; the online rule
 STEP_PLAIN, STEP_FIXED, STEP_ONLINE = 0, 1, 2
 CHUNK = 1 << 16
@@ -51,8 +51,8 @@ def _kernel(max_steps, t, w, s, state, batch):
 
 
 _rule = rules.round_robin   # the router's rule, bound per loop by load_loop
-_publishing_fixed = kernel_estimates._run_publishing_fixed     # bound per loop by load_loop (jitted, this kernel)
-_publishing_online = kernel_online._run_publishing_online
+_publish_fixed = kernel_estimates._publish_fixed     # bound per loop by load_loop (jitted)
+_publish_online = kernel_online._publish_online
 
 
 def _exact(whole, units):
@@ -93,31 +93,34 @@ def _recount(i, rep, routed, lo, outstanding, running, true_work, whole, units, 
     work[i] = _exact(wh, un)
 
 
-def _advance(rep):
-    """Up to CHUNK steps of replica ``rep`` (:func:`_rep`), its prefill estimates published in
-    compiled code as the single engine's are: fixed per row (simulator/kernel_estimates.py) or the
-    online rule over its live weights (simulator/kernel_online.py), indexed by the workload's row."""
+def _published(rep, st):
+    """The estimates of replica ``rep``'s prefilling step just landed, published in compiled code
+    as the single engine's are: fixed per row (simulator/kernel_estimates.py) or the online rule over
+    its live weights (simulator/kernel_online.py), indexed by the workload's row; False when Python
+    must (nothing to publish here, feedback due, an event pending, late)."""
     mode = rep[8]
     if mode == STEP_FIXED:
-        return _publishing_fixed(CHUNK, rep[9], rep[5], rep[10], rep[0], rep[1], rep[2], rep[3], rep[4])
+        return _publish_fixed(rep[9], rep[5], rep[10], rep[0], rep[1], st, rep[4][0])
     if mode == STEP_ONLINE:
         rule = rep[13]
-        return _publishing_online(CHUNK, rep[9], rep[5], rep[10], rep[11], rep[12], rule[0] != 0.0, rule[1], rule[2],
-                                  rule[3], rep[0], rep[1], rep[2], rep[3], rep[4])
-    return _kernel(CHUNK, rep[0], rep[1], rep[2], rep[3], rep[4])
+        return _publish_online(rep[9], rep[5], rep[10], rep[11], rep[12], rule[0] != 0.0, rule[1], rule[2], rule[3],
+                               rep[0], rep[1], rep[2], st, rep[4][0])
+    return False
 
 
-def _run_replica(rep, until, moved):
-    """Replica ``rep``'s steps up to ``until`` (simulator/compiled_fleet.py ``run_until``); ``moved[0]``
+def _run_replica(rep, until, moved, i):
+    """Replica ``rep``'s steps up to ``until`` (simulator/compiled_fleet.py ``run_until``); ``moved[i]``
     set when anything a router reads may have moved. Returns LOOP_DONE, or why Python must act first:
     a stall, or a stop of Python's (its status left in the replica's state)."""
     state = rep[3]
     st = state[0]
     st.until = until
-    while True:
-        if _advance(rep) > 0 or (st.held and rep[4][0].n_preempted):
-            moved[0] = 1
+    while True:   # the kernel called here alone (one call site: numba's call passes every array's fields)
+        if _kernel(CHUNK, rep[0], rep[1], rep[2], state, rep[4]) > 0 or (st.held and rep[4][0].n_preempted):
+            moved[i] = 1
         status = st.status
+        if status == AFTER_STEP and _published(rep, st):
+            continue
         if status == UNTIL:   # a held step's events that fire before the instant: Python's
             return LOOP_NEEDS_PYTHON if st.held and st.next_event < until else LOOP_DONE
         if status == DONE_OR_CHUNK:
@@ -129,9 +132,11 @@ def _run_replica(rep, until, moved):
 
 def _fleet_loop(reps, arrival, prompt, length, attrs, fixed, route_est, assigned, route_global, routed, lo,
                 outstanding, running, true_work, whole, units, work, rule_state, draws, balance, info,
-                held_end, moved, predicted_reads, static):
+                held_end, events, moved, predicted_reads, static):
     """The fleet's walk over its arrival instants (module docstring); ``info`` = [next row, exit,
-    replica (or rows arriving, LOOP_GROW), a lower bound of the fewest free rows of a replica's table]."""
+    replica (or rows arriving, LOOP_GROW), a lower bound of the fewest free rows of a replica's table];
+    per replica: when its held step ends, its next Python event (``STATE.next_event``, which only
+    Python moves), whether anything a router reads moved."""
     n = arrival.shape[0]
     count = len(reps)
     next_row = info[0]
@@ -150,10 +155,13 @@ def _fleet_loop(reps, arrival, prompt, length, attrs, fixed, route_est, assigned
                     info[0], info[1], info[2] = next_row, LOOP_GROW, arriving
                     return
         for i in range(count):
-            rep = reps[i]
-            st = rep[3][0]
-            if held_end[i] <= until or st.next_event < until:   # else the kernel would return at once
-                exit = _run_replica(rep, until, moved[i:i + 1])
+            steps = held_end[i] <= until or events[i] < until   # else the kernel would return at once
+            if not steps and not moved[i]:
+                continue
+            rep = reps[i]   # (a copy: every array in it counted once more, so once per replica and instant)
+            if steps:
+                st = rep[3][0]
+                exit = _run_replica(rep, until, moved, i)
                 if exit != LOOP_DONE:   # Python acts (compiled_fleet.python_stop), then the loop goes on from here
                     info[0], info[1], info[2] = next_row, exit, i
                     return
@@ -230,18 +238,18 @@ def load_loop(policy_rule: str, router_rule: str):
         rule_space = dict(vars(rules))
         for name in ("_lowest", "_bounded"):
             rule_space[name] = jit(_rebound(getattr(rules, name), dict(vars(rules))))
-        publish_space = {**vars(kernel_estimates), **vars(kernel_online), "_kernel": kernel}
+        publish_space = {**vars(kernel_estimates), **vars(kernel_online)}
         publish_space["_publish_fixed"] = jit(_rebound(_python(kernel_estimates._publish_fixed), publish_space))
         space = dict(globals())
         space["_kernel"] = kernel
         space["_rule"] = jit(_rebound(getattr(rules, router_rule), rule_space))
         space["_exact"] = jit(_exact)
         space["_recount"] = jit(_rebound(_recount, space))
-        for name, fn in (("_publishing_fixed", kernel_estimates._run_publishing_fixed),
-                         ("_publishing_online", kernel_online._run_publishing_online)):
-            space[name] = jit(_rebound(_python(fn), publish_space))
-        space["_advance"] = jit(_rebound(_advance, space))
-        space["_run_replica"] = jit(_rebound(_run_replica, space))
+        space["_publish_fixed"] = publish_space["_publish_fixed"]
+        space["_publish_online"] = jit(_rebound(_python(kernel_online._publish_online), publish_space))
+        inlined = numba.njit(nogil=True, cache=True, inline="always")   # per replica per instant: no call
+        space["_published"] = inlined(_rebound(_published, space))
+        space["_run_replica"] = inlined(_rebound(_run_replica, space))
         return jit(_rebound(_fleet_loop, space))
     finally:
         numba.config.CACHE_DIR = saved
@@ -338,16 +346,16 @@ def _stepping(fleet, index: int, shared: dict) -> tuple:
     return mode, scratch, cost, rows, theta, np.array([float(square), lo, hi, cap])
 
 
-def loop_args(fleet) -> tuple:
-    """The compiled loop's arguments for ``fleet`` (its replicas' runs built, nothing routed yet)."""
+def loop_args(fleet, steppings: list[tuple]) -> tuple:
+    """The compiled loop's arguments for ``fleet`` (its replicas' runs built, nothing routed yet)
+    and its replicas' :func:`_stepping`."""
     import numba  # numba.typed, not imported by name: mypy would then read numba's own sources
 
     runs, replicas, router, acc = fleet.runs, fleet.fleet, fleet.router, fleet.accounting
     n, count = fleet.n, len(replicas)
     reps = numba.typed.List()
-    shared: dict = {}
-    for index, (replica, run) in enumerate(zip(replicas, runs)):
-        reps.append(_rep(replica, run, _stepping(fleet, index, shared)))
+    for replica, run, stepping in zip(replicas, runs, steppings):
+        reps.append(_rep(replica, run, stepping))
     predicted_reads = router.reads == "predicted_work"
     static = fleet.fixed is not None
     empty = np.zeros(0, dtype=np.float64)
@@ -366,7 +374,8 @@ def loop_args(fleet) -> tuple:
     return (reps, fleet.arrival, fleet.prompt, fleet.length, fleet.attributes, fleet.fixed if static else empty,
             route_est, fleet.assigned, fleet.route_estimate, routed, lo, acc.outstanding, acc.running,
             acc.true_work, whole, units, work, rule_state, router.compiled_draws(n), balance, info,
-            np.full(count, -np.inf), np.zeros(count, dtype=np.int64), predicted_reads, static)
+            np.full(count, -np.inf), np.array([run.st.next_event for run in runs]), np.zeros(count, dtype=np.int64),
+            predicted_reads, static)
 
 
 def prepare_loop(fleet):
@@ -378,13 +387,15 @@ def prepare_loop(fleet):
     from simulator.kernel import numba_cache_folder
 
     loop = load_loop(fleet.runs[0].rule, rule_name(fleet.router))
-    args = loop_args(fleet)
+    shared: dict = {}
+    steppings = [_stepping(fleet, index, shared) for index in range(len(fleet.runs))]
+    args = loop_args(fleet, steppings)
     with compile_lock(numba_cache_folder(fleet.runs[0].rule)):   # one compile among processes starting together
         loop.compile(tuple(numba.typeof(a) for a in args))
-    return loop, args
+    return loop, args, steppings
 
 
-def run_loop(fleet, loop, args) -> None:
+def run_loop(fleet, loop, args, steppings: list[tuple]) -> None:
     """Route and run ``fleet``'s whole workload in the compiled loop (:func:`prepare_loop`'s);
     leaves the fleet's bookkeeping as its Python walk does. The loop hands back to Python to grow a
     replica's table, or for a replica's stop that Python does (feedback, an event, a late estimate:
@@ -392,23 +403,25 @@ def run_loop(fleet, loop, args) -> None:
     from simulator.compiled_fleet import python_stop
     from simulator.kernel_estimates import C_CPU_SPENT
 
+    # the replicas' steppings from Python's own list: a first read of the typed list ``reps`` from Python
+    # compiles numba's getitem for its items' type (~2.5 CPU-s, measured at 16 x 100,000 FCFS)
     runs, replicas, acc = fleet.runs, fleet.fleet, fleet.accounting
     reps, routed, lo, whole, units, balance, info = args[0], args[9], args[10], args[14], args[15], args[19], args[20]
-    moved = args[22]
+    events, moved = args[22], args[23]
     loop(*args)
     while info[1] in (LOOP_GROW, LOOP_NEEDS_PYTHON):
         if info[1] == LOOP_NEEDS_PYTHON:   # the replica's predictor's CPU seconds travel with its run
             i = int(info[2])
-            cost, run = reps[i][10], runs[i]
+            cost, run = steppings[i][2], runs[i]
             run.driver.cpu_s = float(cost[C_CPU_SPENT])
             python_stop(run, float(fleet.arrival[info[0]]) if info[0] < fleet.n else np.inf)
-            cost[C_CPU_SPENT], moved[i] = run.driver.cpu_s, 1
+            cost[C_CPU_SPENT], events[i], moved[i] = run.driver.cpu_s, run.st.next_event, 1
         else:   # a table to grow (simulator/replica_growth.py)
             for i, replica in enumerate(replicas):
                 replica.routed = int(routed[i])
             fleet.room = int(info[3])   # the loop's exact count: short of the instant's rows
             for i in fleet.make_room(int(info[2])):
-                reps[i] = _rep(replicas[i], runs[i], reps[i][8:])
+                reps[i] = _rep(replicas[i], runs[i], steppings[i])
             info[3] = fleet.room
         info[1] = LOOP_DONE
         loop(*args)
@@ -420,7 +433,7 @@ def run_loop(fleet, loop, args) -> None:
         replica.routed, replica.lo = int(routed[i]), int(lo[i])
         acc.set_replica(i, int(acc.outstanding[i]), int(acc.running[i]),
                         WorkSum(int(whole[i]), int(units[i]), int(acc.true_work[i])))
-        if reps[i][8] != STEP_PLAIN:
-            runs[i].driver.cpu_s = float(reps[i][10][C_CPU_SPENT])
+        if steppings[i][0] != STEP_PLAIN:
+            runs[i].driver.cpu_s = float(steppings[i][2][C_CPU_SPENT])
     fleet.next_row = int(info[0])
     fleet.balance.ratio_sum, fleet.balance.samples = float(balance[0]), int(balance[1])

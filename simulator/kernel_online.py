@@ -21,20 +21,27 @@ from simulator import kernel_estimates
 from simulator.kernel_layout import AFTER_STEP, DONE_OR_CHUNK
 
 
+def _publish_online(estimates, source, cost, Z, theta, square, lo, hi, cap, t, w, s, st, b):
+    """The estimates of the prefilling step just landed (the rule over the published weights),
+    published as fixed ones are (``_publish_fixed``); False when Python must: feedback due, an event
+    pending, late (the estimates buffer may be written then, the table is not)."""
+    if s.feedback_batch and st.fb_n >= s.feedback_batch:
+        return False
+    for j in range(b.n_first):
+        r = source[w.firsts[j]]   # the workload's row (Z's and the estimates')
+        estimates[r] = online_rule.estimate_row(Z, r, theta, square, lo, hi, cap)
+    return _publish_fixed(estimates, source, cost, t, w, st, b)
+
+
 def _run_publishing_online(max_steps, estimates, source, cost, Z, theta, square, lo, hi, cap, t, w, s, state, batch):
-    """Up to ``max_steps`` kernel steps; a prefilling step's estimates (rule over the published
-    weights) are published here unless Python must (feedback due, an event pending, late)."""
+    """Up to ``max_steps`` kernel steps; a prefilling step's estimates are published here unless
+    Python must (:func:`_publish_online`)."""
     done = 0
     st = state[0]
     while True:
         done += _kernel(max_steps - done, t, w, s, state, batch)
-        if st.status != AFTER_STEP or (s.feedback_batch and st.fb_n >= s.feedback_batch):
-            return done
-        b = batch[0]
-        for j in range(b.n_first):
-            r = source[w.firsts[j]]   # the workload's row (Z's and the estimates')
-            estimates[r] = online_rule.estimate_row(Z, r, theta, square, lo, hi, cap)
-        if not _publish_fixed(estimates, source, cost, t, w, st, b):
+        if st.status != AFTER_STEP or not _publish_online(estimates, source, cost, Z, theta, square, lo, hi, cap,
+                                                          t, w, s, st, batch[0]):
             return done
         if done >= max_steps:
             st.status = DONE_OR_CHUNK
@@ -64,7 +71,7 @@ def compiled_online(run, sim) -> tuple | None:
 @functools.lru_cache(maxsize=1)
 def load_online_kernel():
     """The jitted :func:`_run_publishing_online` (None without numba)."""
-    global _kernel, _publish_fixed
+    global _kernel, _publish_fixed, _publish_online
     from simulator.kernel import load_kernel
 
     kernel = load_kernel()
@@ -78,7 +85,9 @@ def load_online_kernel():
     saved = numba.config.CACHE_DIR
     numba.config.CACHE_DIR = wrapper_cache_folder(__name__, "predictors.leap.online_rule", "simulator.kernel_estimates")
     try:   # cached across processes, in a folder named by its sources and its rule's
-        return numba.njit(nogil=True, _nrt=False, cache=True)(_run_publishing_online)
+        jit = numba.njit(nogil=True, _nrt=False, cache=True)
+        _publish_online = jit(_publish_online)
+        return jit(_run_publishing_online)
     finally:
         numba.config.CACHE_DIR = saved
 
