@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -158,7 +159,25 @@ def test_loop_matches_reference_with_leap_on_every_router(router, policy, predic
     gaps = [0, 0, 0, 0.5, 1, 0, 2, 0.5, 0, 0] * 4
     lengths = [3, 9, 1, 5, 7, 2, 8, 4, 6, 9] * 4
     for seed in (0, 1):
-        _assert_same(*unit_fleet(40, 3, gaps, lengths, router, policy, predictor, seed))
+        fleets, results = unit_fleet(40, 3, gaps, lengths, router, policy, predictor, seed)
+        _assert_same(fleets, results)
+    held = "_Z" if predictor == "leap-rls" else "_pred"   # the rows the estimates are read from: once per fleet
+    assert all(getattr(p, held) is getattr(fleets[1].predictors[0], held) for p in fleets[1].predictors)
+    assert predictor == "leap" or results[1].updates_published > 5
+
+
+@needs_numba
+@pytest.mark.parametrize("update_s", [0.3, 0.7, 1.3])
+@pytest.mark.parametrize("router", ["least-work", "least-requests"])
+def test_loop_matches_reference_with_slow_online_updates(router, update_s):
+    """LEAP+RLS updates that take the CPU worker most of a step, one or more steps: publishes fire
+    while a replica's step is held over one or more arrival instants, before those are routed."""
+    gaps = [0, 0, 0, 0.5, 1, 0, 2, 0.5, 0, 0.5] * 4
+    lengths = [3, 9, 1, 5, 7, 2, 8, 4, 6, 9] * 4
+    with mock.patch("predictors.leap.online.rls_update_cpu_s", lambda requests, dim: update_s):
+        fleets, results = unit_fleet(40, 3, gaps, lengths, router, "countdown", "leap-rls", 0)
+    _assert_same(fleets, results)
+    assert results[1].updates_published > 5
 
 
 @needs_numba
