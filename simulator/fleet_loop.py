@@ -9,14 +9,17 @@ replicas whose steps landed recount their counters (:meth:`CompiledFleet._recoun
 arrival at that instant is routed by the rule, joins its replica's table (attributes included) and
 the accounting, and the balance is sampled (routers/snapshot.py), in the reference fleet's order.
 
-It runs when (:func:`loop_unsupported`): the router has a compiled rule; no replica's predictor needs
-Python between steps: no predictor, or estimates fixed per row at bind time (``static_estimates``:
-oracle, noisy-oracle) that neither learn online nor refresh. Every other predictor keeps the
-Python-driven path: arrival-stage scorers that read the queue (ssjf, tie, trail, ltr) are scored in
-Python at each arrival, prefill-stage ones (leap, leap-rls, egtp) predict from the prompt's hidden
-state in Python after its prefill, and leap-rls's RLS updates are Python events on a worker's clock.
-The single engine compiles LEAP+RLS's prefill estimates (simulator/kernel_online.py), but those
-index the workload's rows, not a replica's (the fleet turns them off: ``fast_paths=False``).
+It runs when (:func:`loop_unsupported`): the router has a compiled rule and each replica's estimates
+are compiled functions of precomputed per-row data (:func:`step_mode`): no predictor, estimates fixed
+at routing (``static_estimates``: oracle, noisy-oracle), prefill estimates fixed per row (frozen
+leap, egtp) or made by an online rule over the replica's live weights (leap-rls), published after
+the prefilling step as the single engine's (simulator/kernel_estimates.py, kernel_online.py),
+indexed by the workload's row through the replica's rows. A replica's stop that only Python does
+(feedback and the RLS update, a worker's publish, an estimate ready after its step, a held step's
+events before the instant) ends the call with LOOP_NEEDS_PYTHON; Python does it
+(:func:`simulator.compiled_fleet.python_stop`) and the loop goes on from the same instant. Still on
+the Python walk: arrival-stage scorers (ssjf, tie, trail, ltr: scored at each arrival from what the
+queue holds), decode-time refresh (leap with refresh: re-estimates from recorded decode states).
 """
 
 from __future__ import annotations
