@@ -336,8 +336,8 @@ def _stepping(fleet, index: int, shared: dict) -> tuple:
     predictor = fleet.predictors[index] if fleet.predictors else None
     mode = step_mode(run, predictor)
     none, rule, rows = np.zeros(0), np.zeros(4), np.zeros((0, 0), dtype=np.float32)
-    if mode == STEP_PLAIN:
-        return mode, none, np.zeros(3), rows, none, rule
+    if mode == STEP_PLAIN or predictor is None:
+        return STEP_PLAIN, none, np.zeros(3), rows, none, rule
     cost = kernel_estimates.publish_cost(run.driver)
     if mode == STEP_FIXED:
         fixed = predictor.fixed_estimates()
