@@ -172,7 +172,7 @@ def test_loop_matches_reference_with_leap_on_every_router(router, policy, predic
 def test_loop_matches_reference_with_slow_online_updates(router, update_s):
     """LEAP+RLS updates that take the CPU worker most of a step, one or more steps: publishes fire
     while a replica's step is held over one or more arrival instants, before those are routed."""
-    gaps = [0, 0, 0, 0.5, 1, 0, 2, 0.5, 0, 0.5] * 4
+    gaps = [0, 0, 0.25, 0.25, 0.25, 1, 0, 0.25, 0.5, 0.25] * 4   # up to three arrivals within a held step
     lengths = [3, 9, 1, 5, 7, 2, 8, 4, 6, 9] * 4
     with mock.patch("predictors.leap.online.rls_update_cpu_s", lambda requests, dim: update_s):
         fleets, results = unit_fleet(40, 3, gaps, lengths, router, "countdown", "leap-rls", 0)
