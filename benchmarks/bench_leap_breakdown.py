@@ -77,7 +77,7 @@ class Probe:
 
     def what_if_settings(self, run, table) -> None:
         if self.what_if == "fixed" and run.publishing is not None:
-            estimates, _ = run.publishing   # in place before each row's first decode, as leap's on-time publish
+            estimates = run.publishing[0]   # in place before each row's first decode, as leap's on-time publish
             run.publishing, run.mode = None, PRED_STATIC
             table.predicted[:] = estimates
             run.settings = run.settings._replace(pred_mode=PRED_STATIC)

@@ -249,6 +249,12 @@ class Predictor(ABC):
                              f"which trace {workload.name!r} does not have")
         self.workload = workload
 
+    def bind_beside(self, bound: Predictor, workload: Trace, rng: np.random.Generator) -> None:
+        """``bind`` as ``bound`` (made by the same factory, already bound to ``workload``) was, sharing
+        what it holds read-only per row, so a fleet holds it once, not once per replica; the
+        default binds on its own (nothing to share)."""
+        self.bind(workload, rng)
+
     @abstractmethod
     def predict(self, rows: np.ndarray, known: Known | None = None) -> np.ndarray:
         """Estimates for ``rows`` from the currently published state (float64 array). ``known``:

@@ -49,7 +49,7 @@ from policies.rule import params_array
 from predictors.base import Known
 from simulator.compiled_log import fill_step_log, no_log, with_room
 from simulator.kernel import DEFAULT_RULE, announce_compile, first_call, load_kernel
-from simulator.kernel_estimates import C_CPU_PER_PREDICTION, C_CPU_SPENT, C_TAP_FRACTION, load_publishing_kernel
+from simulator.kernel_estimates import C_CPU_SPENT, load_publishing_kernel, publish_cost
 from simulator.kernel_float import profile_coefficients
 from simulator.kernel_kv import kv_arrays, kv_fill
 from simulator.kernel_layout import (
@@ -237,16 +237,13 @@ class CompiledRun:
             kv_size=int(cfg.kv_block_size) if cfg.kv_bounded else 1, kv_caches=self.keys is not None)
 
     def _fixed_estimates_publisher(self, sim) -> tuple | None:
-        """(estimates, cost) for :mod:`simulator.kernel_estimates` when a prefill-stage predictor's
+        """(estimates, source rows (the identity), cost) for :mod:`simulator.kernel_estimates` when a prefill-stage predictor's
         estimates are fixed per row and it neither refreshes nor learns; else None."""
         fixed = self.predictor.fixed_estimates() if self.mode == PRED_PREFILL else None
         if fixed is None or self.refresh_every or self.fb_batch:
             return None
-        cost = np.zeros(3, dtype=np.float64)
-        cost[C_CPU_PER_PREDICTION] = self.driver.cost.cpu_s_per_prediction if self.driver.charge_cost else 0.0
-        cost[C_TAP_FRACTION] = self.driver.cost.tap_fraction
-        cost[C_CPU_SPENT] = self.driver.cpu_s
-        return np.ascontiguousarray(fixed, dtype=np.float64), cost
+        return (np.ascontiguousarray(fixed, dtype=np.float64), np.arange(len(fixed), dtype=np.int64),
+                publish_cost(self.driver))
 
     def advance(self, max_steps: int) -> int:
         """Up to ``max_steps`` compiled steps (the step log grown first to hold them all)."""
@@ -260,9 +257,9 @@ class CompiledRun:
         if self.publishing is None:
             announce_compile()   # once: the first call compiles unless numba's cache holds it
             return int(first_call(load_kernel(self.rule), self.rule, max_steps, *self.kernel_args))
-        estimates, cost = self.publishing
+        estimates, source, cost = self.publishing
         cost[C_CPU_SPENT] = self.driver.cpu_s
-        done = first_call(load_publishing_kernel(), DEFAULT_RULE, max_steps, estimates, cost, *self.kernel_args)
+        done = first_call(load_publishing_kernel(), DEFAULT_RULE, max_steps, estimates, source, cost, *self.kernel_args)
         self.driver.cpu_s = float(cost[C_CPU_SPENT])
         return int(done)
 

@@ -207,24 +207,35 @@ def run_until(run: CompiledRun, until: float) -> bool:
     while True:
         moved = run.advance(CHUNK_STEPS) > 0 or moved
         status = st.status
-        if status != UNTIL and status != DONE_OR_CHUNK:
-            moved = True
-        if status == NEEDS_SCORES:
-            run.score_arrivals()
-        elif status == AFTER_STEP:
-            run.after_step()
-        elif status == NEEDS_EVENT:
-            run.fire_due()
-        elif status == UNTIL:
-            if st.held:   # the events that fire before ``until`` while the held step runs
-                while run.pending and run.pending[0][0] < until:
-                    at, _, _, what = heapq.heappop(run.pending)
-                    run._fire(at, what, before_landing=False)
-                    moved = True
-                run._next_event()
-            return moved
-        elif status == DONE_OR_CHUNK:
+        if status == DONE_OR_CHUNK:
             if run.finished == run.table.n:
                 return moved
-        else:
-            raise run.stalled()
+            continue
+        moved = python_stop(run, until) or moved
+        if status == UNTIL:
+            return moved
+
+
+def python_stop(run: CompiledRun, until: float) -> bool:
+    """Python's part of the stop the kernel of ``run`` made on its way to ``until``: scores, a
+    step's estimates and feedback, due events; at ``until`` with a step held over it, the events
+    that fire before ``until`` while it runs. Returns whether anything a router reads may have moved."""
+    status = run.st.status
+    if status == NEEDS_SCORES:
+        run.score_arrivals()
+    elif status == AFTER_STEP:
+        run.after_step()
+    elif status == NEEDS_EVENT:
+        run.fire_due()
+    elif status == UNTIL:
+        fired = False
+        if run.st.held:
+            while run.pending and run.pending[0][0] < until:
+                at, _, _, what = heapq.heappop(run.pending)
+                run._fire(at, what, before_landing=False)
+                fired = True
+            run._next_event()
+        return fired
+    else:
+        raise run.stalled()
+    return True

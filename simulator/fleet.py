@@ -116,9 +116,10 @@ class FleetSimulation:
         if not first.static_estimates:
             bound += [p for p in (make_predictor() for _ in range(self.replicas - 1)) if p is not None]
         hidden = self.workload.without_lengths()   # one view for every replica: its hidden states read once
-        for predictor in bound:
-            shown = self.workload if predictor.sees_true_lengths else hidden
-            predictor.bind(shown, np.random.default_rng(rng_seed))
+        shown = self.workload if first.sees_true_lengths else hidden
+        first.bind(shown, np.random.default_rng(rng_seed))
+        for predictor in bound[1:]:   # what the first holds read-only per row, held once
+            predictor.bind_beside(first, shown, np.random.default_rng(rng_seed))
         return bound * self.replicas if len(bound) == 1 else bound
 
     def _table(self, index: int) -> RequestTable:

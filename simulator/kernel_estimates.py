@@ -18,6 +18,8 @@ import functools
 import math
 from typing import Any
 
+import numpy as np
+
 from simulator.kernel import load_kernel
 from simulator.kernel_layout import AFTER_STEP, DONE_OR_CHUNK
 
@@ -27,9 +29,20 @@ from simulator.kernel_layout import AFTER_STEP, DONE_OR_CHUNK
 C_CPU_PER_PREDICTION, C_TAP_FRACTION, C_CPU_SPENT = range(3)
 
 
-def _publish_fixed(estimates, cost, t, w, st, b):
+def publish_cost(driver) -> np.ndarray:
+    """The ``cost`` array of a publish for ``driver`` (a prefill-stage predictor's PredictionDriver)."""
+    cost = np.zeros(3, dtype=np.float64)
+    cost[C_CPU_PER_PREDICTION] = driver.cost.cpu_s_per_prediction if driver.charge_cost else 0.0
+    cost[C_TAP_FRACTION] = driver.cost.tap_fraction
+    cost[C_CPU_SPENT] = driver.cpu_s
+    return cost
+
+
+def _publish_fixed(estimates, source, cost, t, w, st, b):
     """CompiledRun.predict_after_prefill for the step just landed, when its estimates are ready by
-    the step's end; returns False (nothing touched) when they are not, or an event is pending."""
+    the step's end; returns False (nothing touched) when they are not, or an event is pending.
+    ``estimates`` is indexed by the workload's row, ``source[r]`` of the table's row ``r`` (a fleet's
+    replica holds its requests' rows; the single engine: the identity)."""
     n_first = b.n_first
     start, duration = b.start, b.duration
     cpu = cost[C_CPU_PER_PREDICTION] * n_first
@@ -40,7 +53,7 @@ def _publish_fixed(estimates, cost, t, w, st, b):
     cost[C_CPU_SPENT] += cpu
     for j in range(n_first):      # RequestTable.set_predictions(rows, estimates[rows], end)
         r = w.firsts[j]
-        t.predicted[r] = estimates[r]
+        t.predicted[r] = estimates[source[r]]
         if t.first_predicted[r] != t.first_predicted[r]:
             t.first_predicted[r] = t.predicted[r]
             t.ready_s[r] = end
@@ -54,14 +67,14 @@ def _publish_fixed(estimates, cost, t, w, st, b):
     return True
 
 
-def _run_publishing_fixed(max_steps, estimates, cost, t, w, s, state, batch):
+def _run_publishing_fixed(max_steps, estimates, source, cost, t, w, s, state, batch):
     """Up to ``max_steps`` kernel steps; after a prefilling step its fixed estimates are published
     here unless Python must (then the kernel's AFTER_STEP status is returned)."""
     done = 0
     st = state[0]
     while True:
         done += _kernel(max_steps - done, t, w, s, state, batch)
-        if st.status != AFTER_STEP or not _publish_fixed(estimates, cost, t, w, st, batch[0]):
+        if st.status != AFTER_STEP or not _publish_fixed(estimates, source, cost, t, w, st, batch[0]):
             return done
         if done >= max_steps:
             st.status = DONE_OR_CHUNK

@@ -21,20 +21,27 @@ from simulator import kernel_estimates
 from simulator.kernel_layout import AFTER_STEP, DONE_OR_CHUNK
 
 
-def _run_publishing_online(max_steps, estimates, cost, Z, theta, square, lo, hi, cap, t, w, s, state, batch):
-    """Up to ``max_steps`` kernel steps; a prefilling step's estimates (rule over the published
-    weights) are published here unless Python must (feedback due, an event pending, late)."""
+def _publish_online(estimates, source, cost, Z, theta, square, lo, hi, cap, t, w, s, st, b):
+    """The estimates of the prefilling step just landed (the rule over the published weights),
+    published as fixed ones are (``_publish_fixed``); False when Python must: feedback due, an event
+    pending, late (the estimates buffer may be written then, the table is not)."""
+    if s.feedback_batch and st.fb_n >= s.feedback_batch:
+        return False
+    for j in range(b.n_first):
+        r = source[w.firsts[j]]   # the workload's row (Z's and the estimates')
+        estimates[r] = online_rule.estimate_row(Z, r, theta, square, lo, hi, cap)
+    return _publish_fixed(estimates, source, cost, t, w, st, b)
+
+
+def _run_publishing_online(max_steps, estimates, source, cost, Z, theta, square, lo, hi, cap, t, w, s, state, batch):
+    """Up to ``max_steps`` kernel steps; a prefilling step's estimates are published here unless
+    Python must (:func:`_publish_online`)."""
     done = 0
     st = state[0]
     while True:
         done += _kernel(max_steps - done, t, w, s, state, batch)
-        if st.status != AFTER_STEP or (s.feedback_batch and st.fb_n >= s.feedback_batch):
-            return done
-        b = batch[0]
-        for j in range(b.n_first):
-            r = w.firsts[j]
-            estimates[r] = online_rule.estimate_row(Z, r, theta, square, lo, hi, cap)
-        if not _publish_fixed(estimates, cost, t, w, st, b):
+        if st.status != AFTER_STEP or not _publish_online(estimates, source, cost, Z, theta, square, lo, hi, cap,
+                                                          t, w, s, st, batch[0]):
             return done
         if done >= max_steps:
             st.status = DONE_OR_CHUNK
@@ -46,29 +53,25 @@ _publish_fixed: Any = None
 
 
 def compiled_online(run, sim) -> tuple | None:
-    """(estimates buffer, cost, rows, weights, rule settings) when ``sim``'s predictor is a
-    prefill-stage online learner that declares ``online_estimates``, else None."""
+    """(estimates buffer, source rows (the identity), cost, rows, weights, rule settings) when
+    ``sim``'s predictor is a prefill-stage online learner that declares ``online_estimates``, else None."""
     import numpy as np
 
-    from simulator.kernel_estimates import C_CPU_PER_PREDICTION, C_CPU_SPENT, C_TAP_FRACTION
+    from simulator.kernel_estimates import publish_cost
     from simulator.kernel_layout import PRED_PREFILL
 
     declared = getattr(sim.predictor, "online_estimates", None)
     online = declared() if declared is not None and run.mode == PRED_PREFILL and not run.refresh_every else None
     if online is None or not online_rule.load():
         return None
-    d = run.driver
-    cost = np.zeros(3, dtype=np.float64)
-    cost[C_CPU_PER_PREDICTION] = d.cost.cpu_s_per_prediction if d.charge_cost else 0.0
-    cost[C_TAP_FRACTION] = d.cost.tap_fraction
-    cost[C_CPU_SPENT] = d.cpu_s
-    return (np.zeros(run.table.n, dtype=np.float64), cost, *online)
+    n = run.table.n
+    return (np.zeros(n, dtype=np.float64), np.arange(n, dtype=np.int64), publish_cost(run.driver), *online)
 
 
 @functools.lru_cache(maxsize=1)
 def load_online_kernel():
     """The jitted :func:`_run_publishing_online` (None without numba)."""
-    global _kernel, _publish_fixed
+    global _kernel, _publish_fixed, _publish_online
     from simulator.kernel import load_kernel
 
     kernel = load_kernel()
@@ -82,7 +85,9 @@ def load_online_kernel():
     saved = numba.config.CACHE_DIR
     numba.config.CACHE_DIR = wrapper_cache_folder(__name__, "predictors.leap.online_rule", "simulator.kernel_estimates")
     try:   # cached across processes, in a folder named by its sources and its rule's
-        return numba.njit(nogil=True, _nrt=False, cache=True)(_run_publishing_online)
+        jit = numba.njit(nogil=True, _nrt=False, cache=True)
+        _publish_online = jit(_publish_online)
+        return jit(_run_publishing_online)
     finally:
         numba.config.CACHE_DIR = saved
 
@@ -93,7 +98,7 @@ def advance_online(run, max_steps: int, online: tuple) -> int:
     from simulator.kernel import DEFAULT_RULE, first_call
     from simulator.kernel_estimates import C_CPU_SPENT
 
-    cost = online[1]
+    cost = online[2]
     cost[C_CPU_SPENT] = run.driver.cpu_s
     done = first_call(load_online_kernel(), DEFAULT_RULE, max_steps, *online, *run.kernel_args)
     run.driver.cpu_s = float(cost[C_CPU_SPENT])

@@ -222,6 +222,29 @@ def test_rls_without_feedback_matches_leap():
     assert rls.feedback(rows[:3], test.output_tokens[:3]) is None    # below update_every
 
 
+@pytest.mark.parametrize("cls", [Leap, LeapRLS])
+def test_bound_beside_another_shares_its_rows_and_keeps_its_own_weights(cls):
+    """A fleet's replicas: the second predictor holds the first's read-out rows (one copy), predicts
+    what its own bind would, and learns apart (feedback to one leaves the other's estimates)."""
+    train, test = synthetic("train", 300), synthetic("test", 80, seed=3, shift=5.0)
+    first, beside, alone = cls(train), cls(train), cls(train)
+    first.bind(test, np.random.default_rng(0))
+    beside.bind_beside(first, test, np.random.default_rng(0))
+    alone.bind(test, np.random.default_rng(0))
+    rows = np.arange(80)
+    assert beside.predict(rows).tobytes() == alone.predict(rows).tobytes()
+    held = "_Z" if cls is LeapRLS else "_pred"
+    assert getattr(beside, held) is getattr(first, held)
+    if cls is LeapRLS:
+        before = beside.predict(rows)
+        update = first.feedback(rows[:8], test.output_tokens[:8])
+        update.publish()
+        assert beside.predict(rows).tobytes() == before.tobytes()
+        assert first.predict(rows).tobytes() != before.tobytes()
+    with_refresh = Leap(train, refresh=True)
+    assert not with_refresh._shares_with(first)   # a refresh rewrites its own estimates
+
+
 def test_pending_updates_publish_in_order():
     train = synthetic("train", 300)
     test = synthetic("test", 64, seed=3, shift=6.0)

@@ -62,8 +62,8 @@ def test_grown_tables_give_the_reference_bytes_in_the_loop(n, replicas, gaps, le
 
 
 @needs_numba
-@pytest.mark.parametrize(("router", "predictor"), [("least-requests", "leap-rls"), ("least-work", "ssjf"),
-                                                   ("queue-depth", "none"), ("round-robin", "leap")])
+@pytest.mark.parametrize(("router", "predictor"), [("least-requests", "trail"), ("least-work", "ssjf"),
+                                                   ("queue-depth", "none"), ("queue-depth", "leap-rls")])
 def test_grown_tables_give_the_reference_bytes_on_the_python_walk(router, predictor):
     trace = load_trace("lmsys")
     with _one_row_tables():

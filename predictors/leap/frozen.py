@@ -101,6 +101,25 @@ class Leap(Predictor):
         if self.use_refresh:
             self._bind_refresh(workload)
 
+    def _shares_with(self, bound: Predictor) -> bool:
+        """Whether ``bound`` holds what this one would compute: same class, training and settings,
+        no refresh (it rewrites its estimates)."""
+        return (type(bound) is type(self) and isinstance(bound, Leap) and not self.use_refresh
+                and not bound.use_refresh and bound._alpha == self._alpha and bound._use_cache == self._use_cache
+                and (bound._train_spec is self._train_spec
+                     or (isinstance(self._train_spec, str | os.PathLike) and bound._train_spec == self._train_spec)))
+
+    def bind_beside(self, bound: Predictor, workload: Trace, rng: np.random.Generator) -> None:
+        """The read-out and its estimates of ``bound`` (nothing in them changes once bound)."""
+        if not self._shares_with(bound):
+            self.bind(workload, rng)
+            return
+        assert isinstance(bound, Leap)
+        Predictor.bind(self, workload, rng)
+        self._train, self._readout, self._gram = bound._train, bound._readout, bound._gram
+        self._pred = bound._pred
+        self.refresh_every = None
+
     def _bind_refresh(self, workload: Trace) -> None:
         """Estimates from every recorded decode state of the workload, looked up at refresh time."""
         layer = self.readout.layer

@@ -53,6 +53,22 @@ class LeapRLS(Leap):
         X = self._check_workload(workload)
         readout = self.readout
         self._Z = readout.standardize(X, dtype=np.float32)      # rows of the bound workload
+        self._start_online()
+
+    def bind_beside(self, bound: Predictor, workload: Trace, rng: np.random.Generator) -> None:
+        """``bound``'s read-out and standardised rows (read-only: a fleet holds its hidden states
+        once), weights of its own."""
+        if not self._shares_with(bound):
+            self.bind(workload, rng)
+            return
+        assert isinstance(bound, LeapRLS)
+        Predictor.bind(self, workload, rng)
+        self._train, self._readout, self._gram, self._Z = bound._train, bound._readout, bound._gram, bound._Z
+        self._start_online()
+
+    def _start_online(self) -> None:
+        """A fresh anchor at the read-out's weights, nothing published or buffered yet."""
+        readout = self.readout
         self.rls = AnchoredRLS.from_weights(readout.theta, self._gram)   # fresh anchor per run
         self._published = self.rls.theta   # the published weights, written in place (the kernel reads them)
         self._published_version = 0
