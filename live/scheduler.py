@@ -268,7 +268,9 @@ class LeapScheduler(Scheduler):
                 last_served=last_served,
                 first_predicted=np.fromiter((s.first_predicted for s in states), dtype=np.float64, count=n),
                 attributes=of_requests(cand),
-                prompt=np.fromiter((r.num_prompt_tokens for r in cand), dtype=np.int64, count=n))
+                prompt=np.fromiter((r.num_prompt_tokens for r in cand), dtype=np.int64, count=n),
+                # vLLM's hit at each one's first admission (0 with caching off), as the simulator's view
+                cached=np.fromiter((max(s.cached_tokens, 0) for s in states), dtype=np.int64, count=n))
             chosen_idx, n_forced = choose_decodes(self.leap_policy, view, np.arange(n), decode_slots=cfg.decode_slots,
                                                   wait_cap=cfg.wait_cap, step=step, last_served=last_served)
             picked = np.zeros(n, dtype=bool)
