@@ -57,16 +57,18 @@ def summary_figures(config: RunConfig) -> dict:
 
 def run(args: argparse.Namespace, lines: list[str], router: str, policy: str, replicas: int, seed: int) -> dict:
     """One run's figures: ``policy`` (with ``args.predictor`` when it orders by length) behind ``router``."""
-    predictor = args.predictor if policy in PREDICTED else "none"
-    common = dict(predictor=predictor, policy=policy, seed=seed, replicas=replicas, router=router,
-                  engine_config=EngineConfig(kv_blocks=args.kv_blocks, kv_block_size=args.block_size))
+
+    def config(trace: str, load: float | None, arrivals: str) -> RunConfig:
+        return RunConfig(trace=trace, predictor=args.predictor if policy in PREDICTED else "none", policy=policy,
+                         load=load, arrivals=ArrivalSpec(arrivals), seed=seed, replicas=replicas, router=router,
+                         engine_config=EngineConfig(kv_blocks=args.kv_blocks, kv_block_size=args.block_size))
+
     if args.trace == "sharegpt-turns":
-        return summary_figures(RunConfig(trace="sharegpt-turns", load=args.load, arrivals=ArrivalSpec("poisson"),
-                                         **common))
+        return summary_figures(config("sharegpt-turns", args.load, "poisson"))
     with tempfile.TemporaryDirectory(prefix="prefix_study_") as folder:
         path = Path(folder) / "mooncake_window.jsonl"
         path.write_text(window(lines, args.per_replica * replicas, seed, replicas / 4.0))
-        return summary_figures(RunConfig(trace=str(path), load=None, arrivals=ArrivalSpec("recorded"), **common))
+        return summary_figures(config(str(path), None, "recorded"))
 
 
 def interval(values: list[float]) -> str:
