@@ -199,3 +199,36 @@ def test_a_live_fleet_refuses_what_it_cannot_read(argv, named):
     with pytest.raises(CaptureError, match=named.replace("(", r"\(").replace(")", r"\)")):
         check_fleet_flags(_fleet_args(*argv))
     check_fleet_flags(_fleet_args("--router", "precise-prefix", "--kv-blocks", "40"))   # accepted
+
+
+@pytest.mark.skipif(not HAVE_VLLM, reason="needs vllm (the live scheduler subclasses its Scheduler)")
+def test_the_live_decode_view_carries_vllms_hit_at_first_admission(monkeypatch):
+    """No engine: the scheduler's decode step up to its policy call. hrrn's service is the uncached
+    prompt in the simulator (docs/semantics.md "Policies"); live, each running request's ``cached``
+    is vLLM's hit at its first admission (a request never admitted with the cache on reads 0)."""
+    from types import SimpleNamespace
+
+    from live import scheduler as live_scheduler
+
+    seen = {}
+
+    def stop(policy, view, rows, **kwargs):
+        seen["view"] = view
+        raise StopIteration
+
+    monkeypatch.setattr(live_scheduler, "choose_decodes", stop)
+    sched = live_scheduler.LeapScheduler.__new__(live_scheduler.LeapScheduler)
+    sched._leap_step, sched._leap_tick, sched._leap_orders_admission = 0, 5, False
+    sched.leap_config = SimpleNamespace(needs_hook=False, decode_slots=None, wait_cap=None)
+    sched._take_predictions = lambda: None
+    sched.leap_policy = object()
+    prompts, hits = (64, 96, 40), (32, 64, -1)
+    sched.running = [SimpleNamespace(request_id=f"r{i}", num_output_tokens=1, num_output_placeholders=0,
+                                     max_tokens=10, is_prefill_chunk=False, num_prompt_tokens=p)
+                     for i, p in enumerate(prompts)]
+    sched._leap_req = {f"r{i}": live_scheduler._ReqState(seq=i, arrival_s=0.0, predicted=0.0, cached_tokens=h)
+                       for i, h in enumerate(hits)}
+    with pytest.raises(StopIteration):
+        sched.schedule()
+    assert seen["view"].cached.tolist() == [32, 64, 0]
+    assert seen["view"].prompt.tolist() == list(prompts)
