@@ -14,7 +14,6 @@ requests are routed to it, without the predictors' compiled stops (they index th
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import time
 from types import SimpleNamespace
 
@@ -24,11 +23,12 @@ import simpy
 from core.prefix_hashes import native_chains
 from predictors.base import Known
 from simulator.compiled import CHUNK_STEPS, CompiledRun, unsupported
+from simulator.compiled_stall import python_stop
 from simulator.engine import RunResult
 from simulator.fleet import FleetSimulation, Replica
 from simulator.fleet_loop import loop_unsupported, prepare_loop, run_loop
 from simulator.fleet_rows import ReplicaRows
-from simulator.kernel_layout import AFTER_STEP, DONE_OR_CHUNK, NEEDS_EVENT, NEEDS_SCORES, PRED_STATIC, UNTIL
+from simulator.kernel_layout import DONE_OR_CHUNK, PRED_STATIC, UNTIL
 from simulator.kernel_prefix import add_row_keys, hit_blocks
 from simulator.replica_growth import first_capacity, grow_replica, next_capacity
 from simulator.replica_table import AccountedTable
@@ -214,28 +214,3 @@ def run_until(run: CompiledRun, until: float) -> bool:
         moved = python_stop(run, until) or moved
         if status == UNTIL:
             return moved
-
-
-def python_stop(run: CompiledRun, until: float) -> bool:
-    """Python's part of the stop the kernel of ``run`` made on its way to ``until``: scores, a
-    step's estimates and feedback, due events; at ``until`` with a step held over it, the events
-    that fire before ``until`` while it runs. Returns whether anything a router reads may have moved."""
-    status = run.st.status
-    if status == NEEDS_SCORES:
-        run.score_arrivals()
-    elif status == AFTER_STEP:
-        run.after_step()
-    elif status == NEEDS_EVENT:
-        run.fire_due()
-    elif status == UNTIL:
-        fired = False
-        if run.st.held:
-            while run.pending and run.pending[0][0] < until:
-                at, _, _, what = heapq.heappop(run.pending)
-                run._fire(at, what, before_landing=False)
-                fired = True
-            run._next_event()
-        return fired
-    else:
-        raise run.stalled()
-    return True

@@ -17,7 +17,7 @@ the prefilling step as the single engine's (simulator/kernel_estimates.py, kerne
 indexed by the workload's row through the replica's rows. A replica's stop that only Python does
 (feedback and the RLS update, a worker's publish, an estimate ready after its step, a held step's
 events before the instant) ends the call with LOOP_NEEDS_PYTHON; Python does it
-(:func:`simulator.compiled_fleet.python_stop`) and the loop goes on from the same instant. Still on
+(:func:`simulator.compiled_stall.python_stop`) and the loop goes on from the same instant. Still on
 the Python walk: arrival-stage scorers (ssjf, tie, trail, ltr: scored at each arrival from what the
 queue holds), decode-time refresh (leap with refresh: re-estimates from recorded decode states).
 """
@@ -165,7 +165,7 @@ def _fleet_loop(reps, arrival, prompt, length, attrs, fixed, route_est, assigned
             if steps:
                 st = rep[3][0]
                 exit = _run_replica(rep, until, moved, i)
-                if exit != LOOP_DONE:   # Python acts (compiled_fleet.python_stop), then the loop goes on from here
+                if exit != LOOP_DONE:   # Python acts (compiled_stall.python_stop), then the loop goes on from here
                     info[0], info[1], info[2] = next_row, exit, i
                     return
                 held_end[i] = rep[4][0].start + rep[4][0].duration if st.held else -np.inf
@@ -404,8 +404,8 @@ def run_loop(fleet, loop, args, steppings: list[tuple]) -> None:
     """Route and run ``fleet``'s whole workload in the compiled loop (:func:`prepare_loop`'s);
     leaves the fleet's bookkeeping as its Python walk does. The loop hands back to Python to grow a
     replica's table, or for a replica's stop that Python does (feedback, an event, a late estimate:
-    :func:`simulator.compiled_fleet.python_stop`), and goes on from the same instant."""
-    from simulator.compiled_fleet import python_stop
+    :func:`simulator.compiled_stall.python_stop`), and goes on from the same instant."""
+    from simulator.compiled_stall import python_stop
     from simulator.kernel_estimates import C_CPU_SPENT
 
     # the replicas' steppings from Python's own list: a first read of the typed list ``reps`` from Python

@@ -99,12 +99,17 @@ def test_compiled_fleet_matches_reference_on_random_fleets(n, replicas, gaps, ro
     assert (results[0].replica == results[1].replica).all()
 
 
-def test_a_fleet_with_kv_blocks_falls_back_and_says_so(capsys):
-    """Prefix caching (on by default with KV blocks) is not compiled: such a fleet runs on the
-    reference engine with the one-line note naming it (without it: tests/test_compiled_fleet_kv.py)."""
+def test_a_fleet_with_kv_blocks_and_the_cache_runs_compiled_unless_a_policy_reads_the_cache(capsys):
+    """Prefix caching (on by default with KV blocks) is compiled: such a fleet runs on the compiled
+    kernel without a note; a policy that reads the cached tokens (countdown's prefill weight) runs on
+    the reference engine with the one-line note naming it (identity: tests/test_compiled_prefix.py)."""
     from simulator.compiled import note_fallback
-    note_fallback.cache_clear()
-    prepared = prepare(RunConfig(trace="sharegpt", replicas=2, router="least-requests", load=1.0, requests=60,
-                                 engine_config=EngineConfig(kv_blocks=4096)))
-    assert type(prepared.simulation) is FleetSimulation
-    assert "a fleet: prefix caching" in capsys.readouterr().err
+
+    for options, cls in (((), CompiledFleet), ((("prefill_weight", 1.0),), FleetSimulation)):
+        note_fallback.cache_clear()
+        prepared = prepare(RunConfig(trace="sharegpt", replicas=2, router="least-requests", load=1.0, requests=60,
+                                     policy="countdown", predictor="oracle", policy_options=options,
+                                     engine_config=EngineConfig(kv_blocks=4096)))
+        assert type(prepared.simulation) is cls
+        err = capsys.readouterr().err
+        assert err.count("reads the cached prompt tokens") == (cls is FleetSimulation), err
