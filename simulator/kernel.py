@@ -266,7 +266,7 @@ def load_kernel(rule: str = DEFAULT_RULE):
     if not in_place:
         load_kernel(DEFAULT_RULE)   # the shared functions jitted in place (dispatchers: nothing compiles here)
     rule_module = importlib.import_module(rule)
-    bindings = {"_rule_decode_key": rule_module.decode_key, "_rule_admission_key": rule_module.admission_key}
+    bindings = {name: getattr(rule_module, function) for name, function in RULE_BINDINGS.items()}
     modules = [importlib.import_module(m) for m in KERNEL_MODULES]
     shared = rule_free(modules)
     spaces = {m.__name__: vars(m) if in_place else dict(vars(m)) for m in modules}
@@ -292,8 +292,9 @@ def load_kernel(rule: str = DEFAULT_RULE):
         numba.config.CACHE_DIR = saved
 
 
-#: the names through which the kernel calls the policy's rule (bound by :func:`load_kernel`)
-RULE_BINDINGS = frozenset({"_rule_decode_key", "_rule_admission_key"})
+#: the names through which the kernel calls the policy's rule, each bound by :func:`load_kernel` to the
+#: rule module's function of the given name
+RULE_BINDINGS = {"_rule_decode_key": "decode_key", "_rule_admission_key": "admission_key"}
 
 
 def rule_free(modules) -> frozenset[str]:
